@@ -109,7 +109,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.DependencyNotInstalled as error:
-        fail(f"{env_id} needs a package that is not installed ({error}); MuJoCo envs: pip install '.[mujoco]'")
+        fail(f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'")
     except gym.error.Error:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
     if not isinstance(envs.single_action_space, gym.spaces.Box):

@@ -1,0 +1,99 @@
+"""Turn a folder of run summaries into speed tables (markdown) and a bar chart (PNG).
+
+    python benchmarks/collect.py benchmarks/results/<machine-tag>
+reads NAME__MODE.json (the SPEED summaries that benchmarks/<algo>.sh saved) and NAME__env_only.json,
+writes speed.md and speed.png into that folder, and prints the markdown.
+"""
+
+import glob
+import json
+import os
+import sys
+
+MODES = ["eager", "compile", "cudagraphs", "compile+cudagraphs"]
+
+
+def load(folder):
+    """{name: {mode: summary}}, with the env-only measurement under the mode "env_only"."""
+    results = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*__*.json"))):
+        name, mode = os.path.basename(path)[: -len(".json")].split("__", 1)
+        with open(path) as f:
+            text = f.read().strip()
+        if text:
+            results.setdefault(name, {})[mode] = json.loads(text)
+    return results
+
+
+def fmt(value, spec=".0f"):
+    return "n/a" if value is None else format(value, spec)
+
+
+def table(name, runs):
+    env_only = runs.get("env_only", {}).get("env_only_sps")
+    modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES) - {"env_only"})
+    first = runs[modes[0]]
+    eager_sps = runs.get("eager", {}).get("sps")
+    lines = [
+        f"### {name}: {first['script']} on {first['env_id']} ({first['num_envs']} env, {first['device']}, "
+        f"torch {first['torch_version']}, {first['total_timesteps']} steps)",
+        "",
+        "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mode in modes:
+        run = runs[mode]
+        sps = run["sps"]
+        learner_seconds = run["steady_seconds"] - run["env_seconds"]
+        learner_bound = run["steady_steps"] / learner_seconds if run["steady_steps"] and learner_seconds > 0 else None
+        ceiling = min((c for c in (env_only, learner_bound) if c), default=None)
+        label = mode + (" (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else "")
+        lines.append(
+            f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps if sps and eager_sps else None, '.2f')}x "
+            f"| {fmt(run['return_mean'], '.1f')} | {fmt(env_only)} | {fmt(learner_bound)} "
+            f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} |"
+        )
+    return "\n".join(lines)
+
+
+def chart(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
+    for ax, (name, runs) in zip(axes[0], results.items()):
+        modes = [m for m in MODES if m in runs]
+        values = [runs[m]["sps"] or 0 for m in modes]
+        bars = ax.bar(range(len(modes)), values, color=["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)])
+        ax.bar_label(bars, fmt="%.0f")
+        ax.set_xticks(range(len(modes)), [m.replace("+", "+\n") for m in modes], fontsize=8)
+        ax.set_title(f"{name} ({runs[modes[0]]['env_id']}, {runs[modes[0]]['device']})", fontsize=9)
+        ax.set_ylabel("env steps / s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(folder):
+    results = {name: runs for name, runs in load(folder).items() if set(runs) - {"env_only"}}
+    if not results:
+        print(f"error: no NAME__MODE.json summaries in {folder}", file=sys.stderr)
+        return 2
+    markdown = "\n\n".join(table(name, runs) for name, runs in results.items()) + "\n"
+    with open(os.path.join(folder, "speed.md"), "w") as f:
+        f.write(markdown)
+    try:
+        chart(results, os.path.join(folder, "speed.png"))
+    except ImportError:
+        print("note: matplotlib is not installed (pip install '.[dev]'): no speed.png", file=sys.stderr)
+    print(markdown, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python benchmarks/collect.py RESULTS_FOLDER", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

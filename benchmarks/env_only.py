@@ -1,0 +1,42 @@
+"""The env-only ceiling of a script: its own env setup stepping random actions, no network.
+
+    python benchmarks/env_only.py leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 [--num-envs N]
+prints one JSON line with `env_only_sps` (environment steps per second, all envs together).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("script")
+    parser.add_argument("--env-id", required=True)
+    parser.add_argument("--num-envs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20_000, help="environment steps to time, all envs together")
+    args, _ = parser.parse_known_args()  # the script's other flags (budget, speed modes) do not matter here
+
+    spec = importlib.util.spec_from_file_location("script_under_test", args.script)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    envs = script.make_envs(args.env_id, args.num_envs)
+    envs.action_space.seed(args.seed)
+    envs.reset(seed=args.seed)
+    actions = [envs.action_space.sample() for _ in range(max(1, args.steps // args.num_envs))]
+    start = time.perf_counter()
+    for action in actions:
+        envs.step(action)
+    seconds = time.perf_counter() - start
+    envs.close()
+    print(json.dumps({"script": os.path.basename(args.script), "env_id": args.env_id, "num_envs": args.num_envs,
+                      "steps": len(actions) * args.num_envs, "seconds": seconds,
+                      "env_only_sps": len(actions) * args.num_envs / seconds}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

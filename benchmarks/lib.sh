@@ -1,0 +1,28 @@
+# Sourced by benchmarks/<algo>.sh: run one script in every speed mode with the same seed and budget.
+# BENCH_PROFILE picks the budget (full | quick | smoke); RESULTS_DIR is where the summaries go.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python}
+BENCH_PROFILE=${BENCH_PROFILE:-full}
+machine_tag() {
+    "$PYTHON" -c "import os, re, torch; name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f'cpu-{os.cpu_count()}core'; print(re.sub('[^A-Za-z0-9]+', '-', name).strip('-').lower())"
+}
+RESULTS_DIR=${RESULTS_DIR:-$ROOT/benchmarks/results/$(machine_tag)}
+mkdir -p "$RESULTS_DIR"
+
+# run_modes NAME SCRIPT ARGS...: one run per mode, its summary saved as RESULTS_DIR/NAME__MODE.json,
+# then the env-only ceiling as RESULTS_DIR/NAME__env_only.json.
+run_modes() {
+    local name=$1 script=$2; shift 2
+    local workdir; workdir=$(mktemp -d)
+    for mode in eager compile cudagraphs compile+cudagraphs; do
+        local flags=()
+        [[ $mode == *compile* ]] && flags+=(--compile)
+        [[ $mode == *cudagraphs* ]] && flags+=(--cudagraphs)
+        echo "== $name $mode: $script $* ${flags[*]}" >&2
+        (cd "$workdir" && "$PYTHON" "$ROOT/leanrl_scripts/$script" "$@" "${flags[@]}") > "$workdir/out.log"
+        grep '^SPEED ' "$workdir/out.log" | tail -n 1 | cut -c7- > "$RESULTS_DIR/${name}__${mode}.json"
+    done
+    "$PYTHON" "$ROOT/benchmarks/env_only.py" "$ROOT/leanrl_scripts/$script" "$@" > "$RESULTS_DIR/${name}__env_only.json"
+    rm -rf "$workdir"
+}

@@ -1,0 +1,48 @@
+"""The benchmark tooling: the collector's table against hand-computed numbers, and a smoke run of run.sh."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def summary(mode, sps, steady_steps=1000, env_seconds=1.0, **extra):
+    return {"script": "sac_continuous_action.py", "env_id": "HalfCheetah-v5", "num_envs": 1, "device": "cpu",
+            "torch_version": "2.13.0", "total_timesteps": 6000, "mode": mode, "sps": sps,
+            "steady_steps": steady_steps, "steady_seconds": steady_steps / sps, "env_seconds": env_seconds,
+            "warmup_seconds": 3.0, "return_mean": -250.0, "cudagraphs_requested": "cudagraphs" in mode,
+            "cudagraphs_active": False, **extra}
+
+
+def test_collect_builds_the_table_with_ceilings(tmp_path):
+    for mode, sps in [("eager", 100.0), ("compile", 150.0), ("cudagraphs", 100.0), ("compile+cudagraphs", 200.0)]:
+        (tmp_path / f"sac__{mode}.json").write_text(json.dumps(summary(mode, sps)))
+    (tmp_path / "sac__env_only.json").write_text(json.dumps({"env_only_sps": 20000.0}))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert list(rows)[1:] == ["eager", "compile", "cudagraphs (graphs inactive: no CUDA)", "compile+cudagraphs (graphs inactive: no CUDA)"]
+    # compile: 1000 steps in 1000/150 s, 1 s of it in the env -> learner-bound 1000 / (6.667 - 1) = 176
+    assert rows["compile"] == ["150", "1.50x", "-250.0", "20000", "176", "0.85", "3.0"]
+    assert rows["eager"][1] == "1.00x" and rows["compile+cudagraphs (graphs inactive: no CUDA)"][1] == "2.00x"
+    assert (tmp_path / "speed.md").read_text() == proc.stdout
+    assert (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("sac", "td3"):
+        for mode in ("eager", "compile", "cudagraphs", "compile+cudagraphs"):
+            run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())
+            assert run["mode"] == mode and run["env_id"] == "Pendulum-v1" and run["sps"] > 0
+        assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 1000
+        assert f"### {name}: " in proc.stdout
+    assert proc.stdout.count("| compile+cudagraphs") == 2
+    assert (tmp_path / "speed.png").exists()

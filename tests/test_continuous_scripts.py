@@ -1,0 +1,94 @@
+"""SAC and TD3 as a user runs them: every speed mode, bad input, determinism, checkpoints, videos."""
+
+import glob
+import math
+import os
+
+import pytest
+from conftest import SUMMARY_KEYS, run_script
+
+SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]
+# A small Pendulum run: 200 random steps, then 200 updates of which 5 are warm-up.
+TINY = ["--env-id", "Pendulum-v1", "--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5,
+        "--batch-size", 64, "--eval-episodes", 2]
+MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
+         "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_mode_writes_a_valid_summary(script, mode, workdir):
+    summary, proc = run_script(script, TINY + MODES[mode], workdir)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["script"] == script and summary["env_id"] == "Pendulum-v1" and summary["mode"] == mode
+    assert summary["compile"] == ("compile" in mode)
+    assert summary["cudagraphs_requested"] == ("cudagraphs" in mode)
+    assert summary["cudagraphs_active"] is False and summary["device"] == "cpu"  # the test machines have no GPU
+    assert os.path.basename(summary["run_dir"]).startswith(f"Pendulum-v1__{script[:-3]}__1__{mode}__")
+    # The steady phase starts after learning_starts steps and measure_burnin updates.
+    assert summary["steady_steps"] == 400 - 200 - 5
+    assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
+    assert 0 <= summary["env_seconds"] < summary["steady_seconds"]
+    assert summary["warmup_seconds"] + summary["steady_seconds"] <= summary["total_seconds"]
+    assert summary["num_updates"] == 200
+    assert -2000 < summary["return_mean"] <= 0 and -2000 < summary["eval_return_mean"] <= 0
+    assert len(summary["eval_returns"]) == 2 and summary["peak_memory_mb"] > 0
+    assert all(math.isfinite(value) for value in summary["final_metrics"].values())
+    warnings = [line for line in proc.stderr.splitlines() if "--cudagraphs needs CUDA" in line]
+    assert len(warnings) == ("cudagraphs" in mode)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_same_seed_gives_identical_runs(script, workdir):
+    first, _ = run_script(script, TINY, workdir)
+    second, _ = run_script(script, TINY, workdir)
+    for key in ("return_mean", "eval_returns", "final_metrics"):
+        assert first[key] == second[key], key
+    other_seed, _ = run_script(script, TINY + ["--seed", 2], workdir)
+    assert other_seed["eval_returns"] != first["eval_returns"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
+    trained, _ = run_script(script, TINY + ["--save-model"], workdir)
+    checkpoint = os.path.join(trained["run_dir"], "model.pt")
+    assert os.path.isfile(checkpoint) and not os.path.exists(checkpoint + ".tmp")
+    evaluated, _ = run_script(script, ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2,
+                                       "--load-model", checkpoint], workdir)
+    assert evaluated["eval_returns"] == trained["eval_returns"]  # same weights, same evaluation seed
+    assert evaluated["num_updates"] == 0 and evaluated["sps"] is None
+    continued, _ = run_script(script, TINY + ["--load-model", checkpoint], workdir)
+    assert continued["num_updates"] == 200
+    assert continued["eval_returns"] != trained["eval_returns"]
+
+
+def test_capture_video_records_the_evaluation(workdir):
+    pytest.importorskip("moviepy")
+    summary, _ = run_script("sac_continuous_action.py", TINY + ["--capture-video"], workdir)
+    videos = glob.glob(os.path.join(summary["run_dir"], "videos", "*.mp4"))
+    assert len(videos) == 1 and os.path.getsize(videos[0]) > 1000
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("args, message", [
+    (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
+    (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+    (["--total-timesteps", 0], "--total-timesteps must be positive"),
+    (["--total-timesteps", -10], "--total-timesteps must be positive"),
+    (["--num-envs", 0], "--num-envs must be positive"),
+    (["--load-model", "missing.pt"], "no checkpoint at missing.pt"),
+])
+def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, workdir):
+    _, proc = run_script(script, ["--env-id", "Pendulum-v1"] + args, workdir, check=False, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert not os.path.exists(os.path.join(workdir, "runs"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_checkpoint_from_another_env_is_refused(script, workdir):
+    trained, _ = run_script(script, TINY + ["--save-model", "--eval-episodes", 0], workdir)
+    _, proc = run_script(script, ["--env-id", "MountainCarContinuous-v0", "--total-timesteps", 0, "--load-model",
+                                  os.path.join(trained["run_dir"], "model.pt")], workdir, check=False)
+    assert proc.returncode == 2 and "was trained on Pendulum-v1" in proc.stderr

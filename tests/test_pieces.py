@@ -1,0 +1,190 @@
+"""The pieces of SAC and TD3 against plain reference implementations, and compiled against eager."""
+
+import copy
+import math
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+import torch.nn as nn
+from conftest import load_script
+
+OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
+SPACE = gym.spaces.Box(np.array([-2.0, -1.0, 0.0], dtype=np.float32), np.array([2.0, 1.0, 0.5], dtype=np.float32))
+
+
+def make_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    obs, next_obs = torch.randn(BATCH, OBS_DIM, generator=g), torch.randn(BATCH, OBS_DIM, generator=g)
+    low, high = torch.tensor(SPACE.low), torch.tensor(SPACE.high)
+    actions = low + (high - low) * torch.rand(BATCH, ACT_DIM, generator=g)
+    rewards, terminations = torch.randn(BATCH, generator=g), (torch.rand(BATCH, generator=g) < 0.2).float()
+    return obs, actions, rewards, next_obs, terminations
+
+
+def plain_critics(qnet):
+    """The ensemble's critics as separate nn.Sequential MLPs with the same weights."""
+    critics = []
+    for k in range(len(qnet.weights[0])):
+        layers = []
+        for i, (weight, bias) in enumerate(zip(qnet.weights, qnet.biases)):
+            linear = nn.Linear(*weight.shape[1:])
+            linear.weight.data.copy_(weight[k].T)
+            linear.bias.data.copy_(bias[k, 0])
+            layers += [linear, nn.ReLU()] if i < 2 else [linear]
+        critics.append(nn.Sequential(*layers))
+    return critics
+
+
+def assert_ensemble_matches(qnet, critics, atol=1e-5):
+    for k, critic in enumerate(critics):
+        for i, linear in enumerate(critic[::2]):
+            torch.testing.assert_close(qnet.weights[i][k].T, linear.weight, atol=atol, rtol=0)
+            torch.testing.assert_close(qnet.biases[i][k, 0], linear.bias, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
+def test_q_ensemble_equals_separate_critics(script):
+    module = load_script(script)
+    torch.manual_seed(0)
+    qnet = module.QEnsemble(OBS_DIM, ACT_DIM)
+    obs, actions, *_ = make_batch()
+    expected = torch.stack([critic(torch.cat([obs, actions], -1)).squeeze(-1) for critic in plain_critics(qnet)])
+    torch.testing.assert_close(qnet(obs, actions), expected)
+    assert not torch.equal(expected[0], expected[1])  # the critics are initialised independently
+    if script.startswith("td3"):
+        torch.testing.assert_close(qnet(obs, actions, num_critics=1), expected[:1])
+
+
+def test_replay_buffer_returns_what_was_added_across_wraparound():
+    module = load_script("sac_continuous_action.py")
+    torch.manual_seed(0)
+    buffer = module.ReplayBuffer(size=7, obs_dim=2, act_dim=1, num_envs=3, device=torch.device("cpu"))
+    for step in range(4):  # 12 rows into 7 slots: the oldest are overwritten
+        obs = np.arange(3 * 2, dtype=np.float64).reshape(3, 2) + 100 * step
+        buffer.add(obs, obs[:, :1] * -1, np.full(3, float(step)), obs + 0.5, np.array([0, 1, 0], dtype=bool))
+    assert buffer.count == 7
+    obs, actions, rewards, next_obs, terminations = buffer.sample(500)
+    assert set(rewards.tolist()) == {1.0, 2.0, 3.0}  # step 0 is gone, and so is most of step 1
+    torch.testing.assert_close(actions, -obs[:, :1])
+    torch.testing.assert_close(next_obs, obs + 0.5)
+    torch.testing.assert_close(terminations, (obs[:, 0] % 100 == 2).float())
+    assert rewards.shape == terminations.shape == (500,)
+
+
+def test_sac_log_prob_matches_torch_distributions():
+    module = load_script("sac_continuous_action.py")
+    torch.manual_seed(0)
+    actor = module.Actor(OBS_DIM, SPACE).double()
+    obs = make_batch()[0].double()
+    torch.manual_seed(1)
+    actions, log_prob, mean_action = actor(obs)
+    hidden = actor.trunk(obs)
+    mean, log_std_raw = actor.mean(hidden), torch.tanh(actor.log_std(hidden))
+    log_std = module.LOG_STD_MIN + 0.5 * (module.LOG_STD_MAX - module.LOG_STD_MIN) * (log_std_raw + 1)
+    torch.manual_seed(1)
+    pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+    squashed = torch.tanh(pre_tanh)
+    reference = torch.distributions.Normal(mean, log_std.exp()).log_prob(pre_tanh)
+    reference = (reference - torch.log(actor.action_scale * (1 - squashed.pow(2)))).sum(-1)
+    torch.testing.assert_close(log_prob, reference)
+    torch.testing.assert_close(actions, squashed * actor.action_scale + actor.action_bias)
+    torch.testing.assert_close(mean_action, torch.tanh(mean) * actor.action_scale + actor.action_bias)
+    assert ((actions >= torch.tensor(SPACE.low)) & (actions <= torch.tensor(SPACE.high))).all()
+
+
+def build(script, compiled=False, seed=0):
+    """Networks, optimizers and the script's update pieces bound to them, as the script's main block does."""
+    module = load_script(script)
+    torch.manual_seed(seed)
+    actor = module.Actor(OBS_DIM, SPACE)
+    qnet = module.QEnsemble(OBS_DIM, ACT_DIM)
+    target_qnet = copy.deepcopy(qnet).requires_grad_(False)
+    qnet_view = module.detached_view(qnet, module.QEnsemble(OBS_DIM, ACT_DIM).to("meta"))
+    adam = partial(torch.optim.Adam, fused=True)
+    q_optimizer, actor_optimizer = adam(qnet.parameters(), lr=torch.tensor(1e-3)), adam(actor.parameters(), lr=torch.tensor(1e-3))
+    nets = dict(actor=actor, qnet=qnet, target_qnet=target_qnet)
+    if script.startswith("sac"):
+        log_alpha = torch.tensor(math.log(0.2), requires_grad=True)
+        alpha = log_alpha.detach().exp()
+        alpha_optimizer = adam([log_alpha], lr=torch.tensor(1e-3))
+        critic = partial(module.update_critic, actor=actor, qnet=qnet, target_qnet=target_qnet,
+                         q_optimizer=q_optimizer, alpha=alpha, gamma=0.99)
+        actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer,
+                             alpha=alpha, log_alpha=log_alpha, alpha_optimizer=alpha_optimizer,
+                             target_entropy=-float(ACT_DIM))
+        nets.update(alpha=alpha, log_alpha=log_alpha)
+    else:
+        target_actor = copy.deepcopy(actor).requires_grad_(False)
+        critic = partial(module.update_critic, target_actor=target_actor, qnet=qnet, target_qnet=target_qnet,
+                         q_optimizer=q_optimizer, gamma=0.99, policy_noise=0.2, noise_clip=0.5)
+        actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
+        nets.update(target_actor=target_actor)
+    if compiled:
+        critic, actor_step = torch.compile(critic), torch.compile(actor_step)
+    return nets, critic, actor_step
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
+def test_critic_update_equals_a_plain_reference(script):
+    nets, critic_step, _ = build(script)
+    critics, targets = plain_critics(nets["qnet"]), plain_critics(nets["target_qnet"])
+    optimizer = torch.optim.Adam([p for c in critics for p in c.parameters()], lr=1e-3, foreach=False)
+    obs, actions, rewards, next_obs, terminations = batch = make_batch()
+    actor = nets["actor"] if script.startswith("sac") else nets["target_actor"]
+    torch.manual_seed(5)
+    with torch.no_grad():
+        if script.startswith("sac"):
+            next_actions, next_log_prob, _ = actor(next_obs)
+            soft_value = torch.minimum(*[t(torch.cat([next_obs, next_actions], -1)) for t in targets]).squeeze(-1)
+            soft_value = soft_value - nets["alpha"] * next_log_prob
+        else:
+            noise = (torch.randn(BATCH, ACT_DIM) * 0.2).clamp(-0.5, 0.5) * actor.action_scale
+            next_actions = torch.max(torch.min(actor(next_obs) + noise, torch.tensor(SPACE.high)), torch.tensor(SPACE.low))
+            soft_value = torch.minimum(*[t(torch.cat([next_obs, next_actions], -1)) for t in targets]).squeeze(-1)
+        target = rewards + 0.99 * (1 - terminations) * soft_value
+    loss = sum(nn.functional.mse_loss(c(torch.cat([obs, actions], -1)).squeeze(-1), target) for c in critics)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    torch.manual_seed(5)
+    metrics = critic_step(*batch)
+    torch.testing.assert_close(metrics["qf_loss"], loss.detach())
+    assert_ensemble_matches(nets["qnet"], critics)
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
+def test_actor_update_leaves_the_critics_untouched(script):
+    nets, _, actor_step = build(script)
+    qnet_before, actor_before = copy.deepcopy(nets["qnet"].state_dict()), copy.deepcopy(nets["actor"].state_dict())
+    metrics = actor_step(make_batch()[0])
+    assert all(p.grad is None for p in nets["qnet"].parameters())  # the detached view computed no weight grads
+    for name, value in nets["qnet"].state_dict().items():
+        assert torch.equal(value, qnet_before[name])
+    assert any(not torch.equal(v, actor_before[k]) for k, v in nets["actor"].state_dict().items())
+    if script.startswith("sac"):
+        assert torch.isfinite(metrics["alpha_loss"])
+        torch.testing.assert_close(nets["alpha"], nets["log_alpha"].detach().exp())  # alpha follows log_alpha
+        assert nets["alpha"].item() != pytest.approx(0.2, abs=1e-6)
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
+@inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
+def test_compiled_updates_equal_eager_ones(script):
+    eager_nets, eager_critic, eager_actor = build(script)
+    compiled_nets, compiled_critic, compiled_actor = build(script, compiled=True)
+    for step in range(3):  # the first calls also cover Adam's state initialisation and any recompile
+        batch = make_batch(seed=step)
+        results = []
+        for critic_step, actor_step in ((eager_critic, eager_actor), (compiled_critic, compiled_actor)):
+            torch.manual_seed(100 + step)
+            results.append({**critic_step(*batch), **actor_step(batch[0])})
+        for name in results[0]:
+            torch.testing.assert_close(results[1][name], results[0][name], atol=1e-5, rtol=1e-5)
+    for key in ("actor", "qnet"):
+        eager_state, compiled_state = eager_nets[key].state_dict(), compiled_nets[key].state_dict()
+        for name in eager_state:
+            torch.testing.assert_close(compiled_state[name], eager_state[name], atol=1e-5, rtol=1e-5)
