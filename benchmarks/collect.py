@@ -68,7 +68,9 @@ def chart(results, path):
         values = [runs[m]["sps"] or 0 for m in modes]
         bars = ax.bar(range(len(modes)), values, color=["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)])
         ax.bar_label(bars, fmt="%.0f")
-        ax.set_xticks(range(len(modes)), [m.replace("+", "+\n") for m in modes], fontsize=8)
+        labels = [m.replace("+", "+\n") + ("\n(inactive)" if runs[m]["cudagraphs_requested"] and not runs[m]["cudagraphs_active"] else "")
+                  for m in modes]
+        ax.set_xticks(range(len(modes)), labels, fontsize=8)
         ax.set_title(f"{name} ({runs[modes[0]]['env_id']}, {runs[modes[0]]['device']})", fontsize=9)
         ax.set_ylabel("env steps / s")
     fig.tight_layout()
@@ -82,6 +84,10 @@ def main(folder):
         print(f"error: no NAME__MODE.json summaries in {folder}", file=sys.stderr)
         return 2
     markdown = "\n\n".join(table(name, runs) for name, runs in results.items()) + "\n"
+    profile = os.environ.get("BENCH_PROFILE")  # set by run.sh: say which command made these numbers
+    if profile:
+        command = "./run.sh" if profile == "full" else f"./run.sh --{profile}"
+        markdown = f"Made by `{command}` (budgets in benchmarks/<algo>.sh).\n\n" + markdown
     with open(os.path.join(folder, "speed.md"), "w") as f:
         f.write(markdown)
     try:

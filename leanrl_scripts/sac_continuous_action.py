@@ -105,15 +105,18 @@ def make_env(env_id, video_folder=None):
 def make_envs(env_id, num_envs, video_folder=None):
     """Vector env whose step returns the reset observation and the true final one (info["final_obs"])."""
     try:
-        gym.spec(env_id)
         thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.DependencyNotInstalled as error:
         fail(f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'")
-    except gym.error.Error:
+    except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
+    except gym.error.Error as error:  # e.g. a deprecated version, with the one to use instead
+        fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has {envs.single_action_space}: this script needs continuous (Box) actions")
+    if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        fail(f"{env_id} has observations {envs.single_observation_space}: this script needs a flat (1-D Box) one")
     return envs
 
 
@@ -249,6 +252,7 @@ def save_atomic(save, obj, path):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    start_time = time.perf_counter()
     if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
         fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
     for name in ("num_envs", "batch_size", "buffer_size", "policy_frequency", "target_network_frequency"):
@@ -273,9 +277,6 @@ if __name__ == "__main__":
     envs.action_space.seed(args.seed)
     obs_dim = math.prod(envs.single_observation_space.shape)
     act_dim = math.prod(envs.single_action_space.shape)
-    start_time = time.perf_counter()
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
 
     actor = Actor(obs_dim, envs.single_action_space).to(device)
     qnet = QEnsemble(obs_dim, act_dim).to(device)
@@ -317,6 +318,8 @@ if __name__ == "__main__":
         policy_step, critic_step, actor_step = (CudaGraphModule(f, in_keys=[], out_keys=[], warmup=5)
                                                 for f in (policy_step, critic_step, actor_step))
 
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
     episode_returns, recent_returns = np.zeros(args.num_envs), deque(maxlen=20)
     num_updates, env_seconds, metrics = 0, 0.0, {}

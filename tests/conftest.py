@@ -24,8 +24,9 @@ SUMMARY_KEYS = {
 def run_script(script, args, cwd, check=True, timeout=900):
     """Run leanrl_scripts/<script> in `cwd`; return (summary or None, completed process)."""
     before = set(glob.glob(os.path.join(cwd, "runs", "*")))
+    env = {**os.environ, "PYTHONPATH": ROOT}  # lets gymnasium import test envs given as "tests.module:EnvId"
     proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
     if not check:
         return None, proc
     assert proc.returncode == 0, f"{script} {args} failed:\n{proc.stderr[-3000:]}"

@@ -1,0 +1,23 @@
+"""A tiny env with image observations and continuous actions, made through gymnasium's "module:EnvId" ids
+(`tests.image_env:ImageObs-v0`): the scripts must refuse it with a clear error."""
+
+import gymnasium as gym
+import numpy as np
+
+
+class ImageObsEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+gym.register("ImageObs-v0", entry_point=ImageObsEnv, max_episode_steps=10)
