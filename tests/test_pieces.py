@@ -96,7 +96,7 @@ def test_sac_log_prob_matches_torch_distributions():
     assert ((actions >= torch.tensor(SPACE.low)) & (actions <= torch.tensor(SPACE.high))).all()
 
 
-def build(script, compiled=False, seed=0):
+def build(script, flags=(False, False), seed=0):
     """Networks, optimizers and the script's update pieces bound to them, as the script's main block does."""
     module = load_script(script)
     torch.manual_seed(seed)
@@ -123,9 +123,7 @@ def build(script, compiled=False, seed=0):
                          q_optimizer=q_optimizer, gamma=0.99, policy_noise=0.2, noise_clip=0.5)
         actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
         nets.update(target_actor=target_actor)
-    if compiled:
-        critic, actor_step = torch.compile(critic), torch.compile(actor_step)
-    return nets, critic, actor_step
+    return nets, module.speed_up(critic, *flags), module.speed_up(actor_step, *flags)
 
 
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
@@ -171,11 +169,14 @@ def test_actor_update_leaves_the_critics_untouched(script):
         assert nets["alpha"].item() != pytest.approx(0.2, abs=1e-6)
 
 
+@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["compile", "cudagraphs", "both"])
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
-def test_compiled_updates_equal_eager_ones(script):
+def test_sped_up_updates_equal_eager_ones(script, flags):
+    """The script's own speed_up wrapping: without CUDA, CudaGraphModule passes the call through, which
+    still checks the pieces' calling convention (plain tensors in, a dict of tensors out)."""
     eager_nets, eager_critic, eager_actor = build(script)
-    compiled_nets, compiled_critic, compiled_actor = build(script, compiled=True)
+    compiled_nets, compiled_critic, compiled_actor = build(script, flags)
     for step in range(3):  # the first calls also cover Adam's state initialisation and any recompile
         batch = make_batch(seed=step)
         results = []
