@@ -416,7 +416,7 @@ if __name__ == "__main__":
         "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
         "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
-        "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+        "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()}, "alpha": alpha.item(),
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20

@@ -62,6 +62,27 @@ def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
     assert continued["eval_returns"] != trained["eval_returns"]
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_several_envs_step_together(script, workdir):
+    args = TINY[:2] + ["--num-envs", 3, "--total-timesteps", 600, "--learning-starts", 300, "--measure-burnin", 5,
+                       "--batch-size", 64, "--eval-episodes", 2]
+    summary, _ = run_script(script, args, workdir)
+    assert summary["num_envs"] == 3
+    assert summary["num_updates"] == 100  # one update per vector step once 300 env steps are in the buffer
+    assert summary["steady_steps"] == 600 - 3 * 105  # the steady phase starts at the step of update 5
+    assert -2000 < summary["return_mean"] <= 0  # the three envs' episodes ended (truncated) together
+
+
+@pytest.mark.parametrize("autotune, alpha_changes", [(["--no-autotune", "--alpha", 0.1], False), ([], True)])
+def test_sac_entropy_coefficient_fixed_or_autotuned(autotune, alpha_changes, workdir):
+    summary, _ = run_script("sac_continuous_action.py", TINY + autotune, workdir)
+    assert ("alpha_loss" in summary["final_metrics"]) == alpha_changes
+    if alpha_changes:
+        assert summary["alpha"] != pytest.approx(0.2, abs=1e-4)
+    else:
+        assert summary["alpha"] == pytest.approx(0.1)
+
+
 def test_capture_video_records_the_evaluation(workdir):
     pytest.importorskip("moviepy")
     summary, _ = run_script("sac_continuous_action.py", TINY + ["--capture-video"], workdir)
