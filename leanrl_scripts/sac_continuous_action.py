@@ -120,6 +120,17 @@ def make_envs(env_id, num_envs, video_folder=None):
     return envs
 
 
+def true_next_obs(next_obs, infos):
+    """The observations the step led to. For an env whose episode just ended, `next_obs` already holds the
+    reset observation and the vector env puts the final one in infos: truncated episodes bootstrap from it."""
+    if "final_obs" not in infos:
+        return next_obs
+    ended = infos["_final_obs"]
+    real_next_obs = next_obs.copy()
+    real_next_obs[ended] = np.stack(infos["final_obs"][ended])
+    return real_next_obs
+
+
 class Actor(nn.Module):
     """Gaussian policy squashed by tanh into the action bounds."""
 
@@ -356,10 +367,7 @@ if __name__ == "__main__":
             recent_returns.append(episode_return)
             writer.add_scalar("charts/episodic_return", episode_return, global_step)
         episode_returns[done] = 0
-        real_next_obs = next_obs.copy()  # truncated episodes bootstrap from their true final observation
-        if done.any():
-            real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
-        rb.add(obs, actions, rewards, real_next_obs, terminations)
+        rb.add(obs, actions, rewards, true_next_obs(next_obs, infos), terminations)
         obs = next_obs
 
         if global_step + args.num_envs > args.learning_starts:

@@ -189,3 +189,25 @@ def test_sped_up_updates_equal_eager_ones(script, flags):
         eager_state, compiled_state = eager_nets[key].state_dict(), compiled_nets[key].state_dict()
         for name in eager_state:
             torch.testing.assert_close(compiled_state[name], eager_state[name], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
+def test_truncated_steps_store_the_final_observation_not_the_reset_one(script):
+    module = load_script(script)
+    envs = module.make_envs("Pendulum-v1", 2)  # truncates every episode at 200 steps
+    envs.action_space.seed(0)
+    obs, _ = envs.reset(seed=0)
+    for step in range(200):
+        next_obs, _, terminations, truncations, infos = envs.step(envs.action_space.sample())
+        stored = module.true_next_obs(next_obs, infos)
+        if step < 199:
+            assert not truncations.any() and stored is next_obs
+        obs_before, obs = obs, next_obs
+    assert truncations.all() and not terminations.any()
+    # Pendulum observes (cos, sin, angular velocity): the final observation continues the trajectory
+    # (|velocity| <= 8, dt = 0.05), the reset one starts a new episode anywhere.
+    angle_step = lambda a, b: np.abs(np.angle(np.exp(1j * (np.arctan2(b[:, 1], b[:, 0]) - np.arctan2(a[:, 1], a[:, 0])))))
+    assert (angle_step(obs_before, stored) <= 8 * 0.05 + 1e-6).all()
+    np.testing.assert_array_equal(stored, np.stack(infos["final_obs"]))
+    assert not np.allclose(stored, next_obs)
+    envs.close()
