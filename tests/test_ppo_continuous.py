@@ -1,0 +1,141 @@
+"""PPO for continuous actions: GAE against a plain loop, the update compiled against eager, the script as a
+user runs it, and learning on InvertedPendulum-v5."""
+
+import math
+import os
+from functools import partial
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+from conftest import SUMMARY_KEYS, load_script, run_script
+
+SCRIPT = "ppo_continuous_action.py"
+# 4 iterations of 64 steps on Pendulum, 2 epochs of 4 minibatches each.
+TINY = ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 4,
+        "--update-epochs", 2, "--eval-episodes", 2]
+MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
+         "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+
+
+def reference_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """CleanRL's reverse loop."""
+    advantages, last = torch.zeros_like(rewards), 0
+    for t in reversed(range(len(rewards))):
+        if t == len(rewards) - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        advantages[t] = last = delta + gamma * gae_lambda * next_nonterminal * last
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("steps, envs", [(2048, 1), (37, 3), (1, 2)])
+def test_gae_equals_the_reverse_loop(steps, envs, compiled):
+    module = load_script(SCRIPT)
+    g = torch.Generator().manual_seed(steps)
+    rewards, values = torch.randn(steps, envs, generator=g), torch.randn(steps, envs, generator=g)
+    dones = (torch.rand(steps, envs, generator=g) < 0.05).float()
+    dones[0, 0] = dones[-1, -1] = 1.0  # an episode start at t=0 and at the last step
+    next_value, next_done = torch.randn(envs, generator=g), torch.tensor([1.0] + [0.0] * (envs - 1))
+    gae = module.speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
+    advantages, returns = gae(rewards, values, dones, next_value, next_done)
+    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(returns, expected_returns, atol=2e-5, rtol=1e-5)
+
+
+def build_update(flags):
+    module = load_script(SCRIPT)
+    torch.manual_seed(0)
+    agent = module.Agent(5, 3)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True)
+    args = module.Args()
+    return agent, module.speed_up(partial(module.update, agent=agent, optimizer=optimizer, args=args), *flags)
+
+
+@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["compile", "cudagraphs", "both"])
+@inductor_config.patch(fallback_random=True)
+def test_sped_up_update_equals_eager(flags):
+    eager_agent, eager_update = build_update((False, False))
+    fast_agent, fast_update = build_update(flags)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        obs, actions = torch.randn(64, 5, generator=g), torch.randn(64, 3, generator=g)
+        logprobs, advantages = torch.randn(64, generator=g) - 3, torch.randn(64, generator=g)
+        returns, values = torch.randn(64, generator=g), torch.randn(64, generator=g)
+        batch = (obs, actions, logprobs, advantages, returns, values)
+        expected, got = eager_update(*batch), fast_update(*batch)
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-5)
+    for name, value in eager_agent.state_dict().items():
+        torch.testing.assert_close(fast_agent.state_dict()[name], value, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(eager_agent.state_dict()["actor_logstd"], torch.zeros(1, 3))  # it did learn
+
+
+def test_log_prob_and_entropy_match_torch_distributions():
+    module = load_script(SCRIPT)
+    torch.manual_seed(0)
+    agent = module.Agent(5, 3)
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([[-0.5, 0.0, 0.3]]))
+    obs, actions = torch.randn(16, 5), torch.randn(16, 3)
+    _, log_prob, entropy, value = agent.get_action_and_value(obs, actions)
+    normal = torch.distributions.Normal(agent.actor_mean(obs), agent.actor_logstd.exp().expand(16, 3))
+    torch.testing.assert_close(log_prob, normal.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, normal.entropy().sum(-1))
+    torch.testing.assert_close(value, agent.critic(obs).squeeze(-1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_writes_a_valid_summary(mode, workdir):
+    summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["mode"] == mode and summary["compile"] == ("compile" in mode)
+    assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
+    assert summary["steady_steps"] == 256 - 64  # the first iteration is warm-up
+    assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
+    assert summary["num_updates"] == 4 * 2 * 4
+    assert summary["return_mean"] < 0 and len(summary["eval_returns"]) == 2
+    assert all(math.isfinite(value) for value in summary["final_metrics"].values())
+    assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
+
+
+def test_same_seed_gives_identical_runs(workdir):
+    first, _ = run_script(SCRIPT, TINY, workdir)
+    second, _ = run_script(SCRIPT, TINY, workdir)
+    assert first["eval_returns"] == second["eval_returns"] and first["final_metrics"] == second["final_metrics"]
+
+
+def test_target_kl_stops_the_epochs(workdir):
+    summary, _ = run_script(SCRIPT, TINY + ["--target-kl", 0.0], workdir)
+    assert summary["num_updates"] == 4 * 4  # every iteration stops after its first epoch
+
+
+def test_checkpoint_restores_policy_and_observation_statistics(workdir):
+    trained, _ = run_script(SCRIPT, TINY + ["--save-model"], workdir)
+    checkpoint = os.path.join(trained["run_dir"], "model.pt")
+    evaluated, _ = run_script(SCRIPT, ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2,
+                                       "--load-model", checkpoint], workdir)
+    assert evaluated["eval_returns"] == trained["eval_returns"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
+    (["--env-id", "ALE/Breakout-v5"], "ALE/Breakout-v5"),  # unknown without ale-py, discrete with it
+    (["--num-minibatches", 3], "must divide num_envs x num_steps"),
+    (["--total-timesteps", 0], "--total-timesteps must be positive"),
+])
+def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
+    _, proc = run_script(SCRIPT, TINY + args, workdir, check=False, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+
+
+@pytest.mark.learning
+def test_learns_inverted_pendulum_within_150k_steps(workdir):
+    summary, _ = run_script(SCRIPT, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 150_000, "--seed", 1,
+                                     "--eval-episodes", 10], workdir)
+    assert summary["eval_return_mean"] >= 500, summary["eval_returns"]
