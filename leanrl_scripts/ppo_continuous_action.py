@@ -323,8 +323,8 @@ if __name__ == "__main__":
             if device.type == "cuda":
                 torch.cuda.synchronize()
             steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
-        if args.anneal_lr:
-            learning_rate.fill_((1.0 - iteration / num_iterations) * args.learning_rate)
+        lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
+        learning_rate.fill_(lr_now)
 
         for step in range(args.num_steps):
             obs[step], dones[step] = next_obs, next_done
@@ -354,9 +354,9 @@ if __name__ == "__main__":
             if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
                 break
 
-        for name, value in metrics.items():
-            writer.add_scalar(f"losses/{name}", value.item(), global_step)
-        writer.add_scalar("charts/learning_rate", learning_rate.item(), global_step)
+        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/learning_rate", lr_now, global_step)
         if steady_start_time is not None and global_step > steady_start_step:
             writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
 
