@@ -279,6 +279,7 @@ if __name__ == "__main__":
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     envs = make_envs(args.env_id, args.num_envs, args.gamma)
+    normalizers = obs_normalizers(envs)
     obs_dim = math.prod(envs.single_observation_space.shape)
     act_dim = math.prod(envs.single_action_space.shape)
     agent = Agent(obs_dim, act_dim).to(device)
@@ -292,7 +293,7 @@ if __name__ == "__main__":
             fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, whose spaces differ from {args.env_id}'s")
         agent.load_state_dict(loaded["agent"])
         optimizer.load_state_dict(loaded["optimizer"])
-        for normalizer in obs_normalizers(envs):
+        for normalizer in normalizers:
             normalizer.obs_rms.mean, normalizer.obs_rms.var, normalizer.obs_rms.count = (
                 loaded["obs_mean"].numpy(), loaded["obs_var"].numpy(), loaded["obs_count"])
     agent_view = Agent(obs_dim, act_dim).to("meta")  # acts with the learner's weights, shared and without grad
@@ -310,10 +311,10 @@ if __name__ == "__main__":
     logprobs, rewards, dones, values = (torch.zeros(args.num_steps, args.num_envs, device=device) for _ in range(4))
     recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
     steady_start_time = steady_start_step = None
-    for normalizer in obs_normalizers(envs):  # a checkpoint's statistics are not moved by the reset observation
+    for normalizer in normalizers:  # a checkpoint's statistics are not moved by the reset observation
         normalizer.update_running_mean = not loaded
     next_obs_np, _ = envs.reset(seed=args.seed)
-    for normalizer in obs_normalizers(envs):
+    for normalizer in normalizers:
         normalizer.update_running_mean = True
     next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
@@ -368,7 +369,7 @@ if __name__ == "__main__":
         steady_start_time, steady_start_step, env_seconds = end_time, global_step, 0.0
     steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
 
-    obs_stats = obs_normalizers(envs)[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
+    obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
     eval_returns = []
     if args.eval_episodes > 0:
         video_folder = os.path.join(run_dir, "videos") if args.capture_video else None
