@@ -1,6 +1,7 @@
 """The env-only ceiling of a script: its own env setup stepping random actions, no network.
 
     python benchmarks/env_only.py leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 [--num-envs N]
+    python benchmarks/env_only.py leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --num-envs 8
 prints one JSON line with `env_only_sps` (environment steps per second, all envs together).
 """
 
@@ -10,6 +11,9 @@ import json
 import os
 import sys
 import time
+from functools import partial
+
+import numpy as np
 
 
 def main():
@@ -25,9 +29,15 @@ def main():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     envs = script.make_envs(args.env_id, args.num_envs)
-    envs.action_space.seed(args.seed)
-    envs.reset(seed=args.seed)
-    actions = [envs.action_space.sample() for _ in range(max(1, args.steps // args.num_envs))]
+    if hasattr(envs, "single_action_space"):  # a gymnasium vector env: its action space is batched
+        envs.action_space.seed(args.seed)
+        envs.reset(seed=args.seed)
+        sample = envs.action_space.sample
+    else:  # envpool: seeded at construction, its action space is one env's
+        envs.reset()
+        rng = np.random.default_rng(args.seed)
+        sample = partial(rng.integers, envs.action_space.n, size=args.num_envs)
+    actions = [sample() for _ in range(max(1, args.steps // args.num_envs))]
     start = time.perf_counter()
     for action in actions:
         envs.step(action)

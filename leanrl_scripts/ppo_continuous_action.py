@@ -127,7 +127,8 @@ def make_envs(env_id, num_envs, gamma=0.99, training=True, video_folder=None):
     except gym.error.DependencyNotInstalled as error:
         fail(f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'")
     except gym.error.UnregisteredEnv:
-        fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
+        fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry()); "
+             "Atari games on envpool run with ppo_atari_envpool.py")
     except gym.error.Error as error:  # e.g. a deprecated version, with the one to use instead
         fail(f"{env_id}: {error}")
     return envs

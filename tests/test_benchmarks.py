@@ -38,11 +38,13 @@ def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
     proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    names = ("ppo_continuous", "sac", "td3")
-    for name in names:
+    names = {"ppo_atari": "Breakout-v5", "ppo_atari_async": "Breakout-v5", "ppo_continuous": "Pendulum-v1",
+             "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
+    for name, env_id in names.items():
         for mode in ("eager", "compile", "cudagraphs", "compile+cudagraphs"):
             run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())
-            assert run["mode"] == mode and run["env_id"] == "Pendulum-v1" and run["sps"] > 0
+            assert run["mode"] == mode and run["env_id"] == env_id and run["sps"] > 0
+            assert run.get("envpool_async", False) == name.endswith("_async")
         assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 1000
         assert f"### {name}: " in proc.stdout
     assert proc.stdout.count("| compile+cudagraphs") == len(names)

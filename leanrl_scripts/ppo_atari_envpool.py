@@ -1,0 +1,396 @@
+"""Proximal Policy Optimization (PPO, Schulman et al. 2017) on Atari with envpool, one file.
+
+Speed: the rollout lives in preallocated device tensors written by row and env id, so the synchronous and the
+asynchronous envpool modes (`--envpool-async`: the network acts for one half of the envs while the other half
+steps) share one loop; the convolutions run channels-last (mkldnn's NHWC kernels halve their backward on CPU);
+GAE is a log-depth scan; the policy step, GAE and update can be wrapped in torch.compile and CUDA graphs.
+    python leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --compile --cudagraphs
+"""
+
+import json
+import os
+import random
+import resource
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    env_id: str = "Breakout-v5"
+    """the id of the envpool Atari game"""
+    total_timesteps: int = 10_000_000
+    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    envpool_async: bool = False
+    """step half of the envs while the network acts for the other half (envpool's batch_size = num_envs / 2)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """normalize the advantages (per minibatch)"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    compile: bool = False
+    """wrap the policy step, GAE and the update in torch.compile"""
+    cudagraphs: bool = False
+    """wrap the policy step, GAE and the update in CUDA graphs (tensordict's CudaGraphModule)"""
+    measure_burnin: int = 1
+    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    eval_episodes: int = 10
+    """evaluation games at the end of the run (whole games, true score, sampled actions)"""
+    save_model: bool = False
+    """save a checkpoint to runs/<run_name>/model.pt at the end"""
+    load_model: str = ""
+    """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True):
+    """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
+    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score."""
+    if env_id not in envpool.list_all_envs():
+        fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
+    if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+        fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size or num_envs,
+                        episodic_life=training, reward_clip=training, seed=seed)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature DQN network (Mnih et al. 2015) with a policy head and a value head."""
+
+    def __init__(self, num_actions):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        ).to(memory_format=torch.channels_last)
+        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def hidden(self, obs):
+        # Channels-last on uint8 costs 4x less than on floats; a no-op for the rollout storage, kept that way.
+        return self.network(obs.contiguous(memory_format=torch.channels_last) / 255.0)
+
+    def get_value(self, obs):
+        return self.critic(self.hidden(obs)).squeeze(-1)
+
+    def get_action_and_value(self, obs, action=None):
+        """Categorical policy written out: torch.distributions checks its arguments with host syncs."""
+        hidden = self.hidden(obs)
+        log_probs = self.actor(hidden).log_softmax(-1)
+        if action is None:  # Gumbel-max sampling: argmax(log p - log E), E ~ Exp(1)
+            action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, log_probs.gather(-1, action[:, None]).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
+
+
+def policy(obs, *, agent):
+    """Sampled actions, their log-probabilities and the values; `agent` is a detached view of the learner."""
+    action, log_prob, _, value = agent.get_action_and_value(obs)
+    return action, log_prob, value
+
+
+def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
+    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
+    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
+    Shapes (T, num_envs); `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    next_values = torch.cat([values[1:], next_value[None]])
+    next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+    advantages = rewards + gamma * next_values * next_nonterminal - values
+    coeffs = gamma * gae_lambda * next_nonterminal
+    offset = 1
+    while offset < len(advantages):
+        advantages = torch.cat([advantages[:-offset] + coeffs[:-offset] * advantages[offset:], advantages[-offset:]])
+        coeffs = torch.cat([coeffs[:-offset] * coeffs[offset:], coeffs[-offset:]])
+        offset *= 2
+    return advantages, advantages + values
+
+
+def update(obs, actions, logprobs, advantages, returns, values, *, agent, optimizer, args):
+    """One clipped-surrogate step on a minibatch; metrics stay on the device."""
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
+    logratio = new_logprob - logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        clipped_value = values + (new_value - values).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((new_value - returns).pow(2), (clipped_value - returns).pow(2)).mean()
+    else:
+        v_loss = 0.5 * (new_value - returns).pow(2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+            "approx_kl": approx_kl, "clipfrac": clipfrac, "grad_norm": grad_norm.detach()}
+
+
+def speed_up(fn, compile, cudagraphs):
+    """torch.compile fuses the piece's kernels; a CUDA graph then replays all its launches at once (inputs are
+    copied into static buffers, outputs cloned). The pieces take and return plain tensors: no TensorDicts."""
+    if compile:
+        fn = torch.compile(fn)
+    if cudagraphs:
+        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
+    return fn
+
+
+def evaluate(agent, envs, device):
+    """True score of the first whole game in each env. Actions are sampled: a greedy Atari policy can stall
+    (in Breakout, by never firing a new ball) until the 27k-step time limit."""
+    obs, _ = envs.reset()
+    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():
+        with torch.no_grad():
+            actions = policy(torch.from_numpy(obs).to(device), agent=agent)[0]
+        obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
+        returns += rewards * ~finished
+        finished |= terminations | truncations
+    return returns.tolist()
+
+
+def write_atomic(path, write):
+    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
+    with open(path + ".tmp", "wb") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    start_time = time.perf_counter()
+    if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
+        fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive")
+    if args.envpool_async and args.num_envs % 2:
+        fail(f"--envpool-async steps half of the envs at a time: --num-envs {args.num_envs} must be even")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    if args.load_model and not os.path.isfile(args.load_model):
+        fail(f"--load-model: no checkpoint at {args.load_model}")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    cudagraphs_active = args.cudagraphs and device.type == "cuda"
+    if args.cudagraphs and not cudagraphs_active:
+        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    env_batch = args.num_envs // 2 if args.envpool_async else args.num_envs
+    envs = make_envs(args.env_id, args.num_envs, env_batch, seed=args.seed)
+    num_actions = int(envs.action_space.n)
+    agent = Agent(num_actions).to(device)
+    # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
+    if args.load_model:
+        loaded = torch.load(args.load_model, map_location=device, weights_only=True)
+        if loaded["num_actions"] != num_actions:
+            fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, which has "
+                 f"{loaded['num_actions']} actions; {args.env_id} has {num_actions}")
+        agent.load_state_dict(loaded["agent"])
+        optimizer.load_state_dict(loaded["optimizer"])
+    agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    from_module(agent).data.to_module(agent_view)
+    agent_view.requires_grad_(False)
+
+    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, cudagraphs_active)
+    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, cudagraphs_active)
+    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile, cudagraphs_active)
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    # Row r of env e holds its r-th observation of this rollout, what arrived with it (the reward and done of
+    # the step into it) and what the policy sent back. Each env fills its own column; a rollout is complete
+    # when every env has num_steps + 1 rows, the last one bootstrapping GAE. In async mode envs can run a few
+    # steps ahead of others: room for num_steps extra rows, and the rows past num_steps move to the front.
+    rows = 2 * args.num_steps + 1
+    obs = torch.zeros((rows * args.num_envs, *envs.observation_space.shape), dtype=torch.uint8, device=device)
+    obs = obs.contiguous(memory_format=torch.channels_last)
+    actions = torch.zeros(rows * args.num_envs, dtype=torch.long, device=device)
+    logprobs, rewards, dones, values = (torch.zeros(rows * args.num_envs, device=device) for _ in range(4))
+    row_of_env = np.zeros(args.num_envs, dtype=np.int64)  # host-side cursor, indexed by env id
+    # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
+    # the copy precedes the policy step on the stream, and the host waits for the actions before the next recv.
+    staging = torch.empty((env_batch, *envs.observation_space.shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
+    recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
+    steady_start_time = steady_start_step = None
+    envs.async_reset()
+    global_step = -args.num_envs  # the first recv of each env brings its reset observation, not a step
+    for iteration in tqdm(range(num_iterations), disable=not sys.stderr.isatty()):
+        if iteration == args.measure_burnin:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+        lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
+        learning_rate.fill_(lr_now)
+
+        while row_of_env.min() <= args.num_steps:
+            env_start = time.perf_counter()
+            next_obs_np, reward, terminations, truncations, infos = envs.recv()
+            env_seconds += time.perf_counter() - env_start
+            env_ids = infos["env_id"]
+            if row_of_env[env_ids].max() >= rows:
+                raise RuntimeError(f"env {env_ids[row_of_env[env_ids].argmax()]} ran {args.num_steps} steps ahead of another")
+            # one small host-to-device copy for the rewards, dones and storage indices together
+            step_data = np.stack([reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids])
+            step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
+            index = step_data[2].long()
+            next_obs = staging.copy_(torch.from_numpy(next_obs_np)).to(device, non_blocking=True)
+            next_obs = next_obs.contiguous(memory_format=torch.channels_last)  # once, for the storage and the policy
+            obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
+            action, logprobs[index], values[index] = policy_step(next_obs)
+            actions[index] = action
+            env_start = time.perf_counter()
+            envs.send(action.cpu().numpy(), env_ids)
+            env_seconds += time.perf_counter() - env_start
+            row_of_env[env_ids] += 1
+            global_step += len(env_ids)
+            # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+            episode_returns[env_ids] += infos["reward"]
+            episode_lengths[env_ids] += 1
+            for env_id in env_ids[infos["terminated"].astype(bool) | truncations]:
+                recent_returns.append(episode_returns[env_id])
+                writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
+                writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
+                episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+
+        # views as (row, env); row T = num_steps is each env's bootstrap observation
+        T = args.num_steps
+        by_row = [t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)]
+        obs_rows, action_rows, logprob_rows, reward_rows, done_rows, value_rows = by_row
+        advantages, returns = gae_step(reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T])
+        batch = [t[:T].flatten(0, 1) for t in (obs_rows, action_rows, logprob_rows)]
+        batch += [advantages.flatten(), returns.flatten(), value_rows[:T].flatten()]
+        for _ in range(args.update_epochs):
+            order = torch.randperm(batch_size, device=device)
+            for start in range(0, batch_size, minibatch_size):
+                indices = order[start : start + minibatch_size]
+                metrics = update_step(*(t[indices] for t in batch))
+                num_updates += 1
+            if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
+                break
+        carried = row_of_env.max() - T  # rows past the rollout start the next one (the bootstrap row at least)
+        for t in by_row:
+            t[:carried] = t[T : T + carried].clone()
+        row_of_env -= T
+
+        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/learning_rate", lr_now, global_step)
+        if steady_start_time is not None and global_step > steady_start_step:
+            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    end_time = time.perf_counter()
+    envs.close()
+    if steady_start_time is None:  # the run ended before the steady phase began
+        steady_start_time, steady_start_step, env_seconds = end_time, global_step, 0.0
+    steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
+
+    eval_returns = []
+    if args.eval_episodes > 0:
+        eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
+        torch.manual_seed(args.seed)  # actions are sampled: a checkpoint evaluates to the score its run reported
+        eval_returns = evaluate(agent_view, eval_envs, device)
+        eval_envs.close()
+        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+    if args.save_model:
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+
+    summary = {
+        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
+        "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
+        "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
+        "torch_version": torch.__version__, "envpool_async": args.envpool_async,
+        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
+        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
+        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
+        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
+        "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+    }
+    if device.type == "cuda":
+        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    writer.close()
+    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    print("SPEED " + json.dumps(summary))
