@@ -41,6 +41,10 @@ def table(name, runs):
         "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    padding = "padded_steps" in first  # the LSTM script: what its padding costs
+    if padding:
+        lines[-2] += " padded / real steps | peak memory MB |"
+        lines[-1] += " ---: | ---: |"
     for mode in modes:
         run = runs[mode]
         sps = run["sps"]
@@ -52,6 +56,7 @@ def table(name, runs):
             f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps if sps and eager_sps else None, '.2f')}x "
             f"| {fmt(run['return_mean'], '.1f')} | {fmt(env_only)} | {fmt(learner_bound)} "
             f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} |"
+            + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
         )
     return "\n".join(lines)
 

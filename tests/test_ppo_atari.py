@@ -129,9 +129,9 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
 
 
-def random_policy_scores(env_id, games, seed):
+def random_policy_scores(script, env_id, games, seed):
     """True scores of whole games with uniformly random actions, on the script's own evaluation envs."""
-    envs = load_script(SCRIPT).make_envs(env_id, games, seed=seed, training=False)
+    envs = load_script(script).make_envs(env_id, games, seed=seed, training=False)
     envs.reset()
     rng = np.random.default_rng(seed)
     scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
@@ -150,7 +150,7 @@ def test_learns_breakout_well_above_a_random_policy(mode, workdir):
     args = ["--total-timesteps", 98_304, "--num-minibatches", 8, "--learning-rate", 5e-4, "--eval-episodes", 20,
             "--seed", 1] + (["--envpool-async"] if mode == "envpool-async" else [])
     summary, _ = run_script(SCRIPT, args, workdir)
-    random_scores = random_policy_scores("Breakout-v5", 30, seed=1)  # about 1.5
+    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
     trained = np.array(summary["eval_returns"])
     standard_error = math.sqrt(trained.var(ddof=1) / len(trained) + random_scores.var(ddof=1) / len(random_scores))
     assert trained.mean() >= 2 * random_scores.mean(), (trained, random_scores.mean())

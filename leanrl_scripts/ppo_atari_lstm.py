@@ -1,0 +1,441 @@
+"""PPO with an LSTM policy on Atari (envpool), one file.
+
+Speed: the update runs the LSTM once per minibatch, not once per time step. Each env's rollout is cut at its
+episode starts into segments, the segments are padded into one [num_steps, segments] batch, and each starts
+from the stored rollout state or from zeros, so one LSTM call gives exactly the per-step loop's numbers
+(`--lstm-impl loop` keeps that loop as the reference). Cost: the padded steps, reported in the summary.
+    python leanrl_scripts/ppo_atari_lstm.py --env-id Breakout-v5 --compile
+"""
+
+import json
+import os
+import random
+import resource
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Literal
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    env_id: str = "Breakout-v5"
+    """the id of the envpool Atari game"""
+    total_timesteps: int = 10_000_000
+    """total environment steps, all envs together"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    lstm_impl: Literal["padded", "loop"] = "padded"
+    """padded: one LSTM call over the episode segments of a minibatch; loop: one call per time step"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches (each holds num_envs / num_minibatches whole env rows)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """normalize the advantages (per minibatch)"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    compile: bool = False
+    """wrap the policy step, GAE and the update in torch.compile"""
+    cudagraphs: bool = False
+    """wrap the policy step, GAE and the update in CUDA graphs (tensordict's CudaGraphModule)"""
+    measure_burnin: int = 1
+    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    eval_episodes: int = 10
+    """evaluation games at the end of the run (whole games, true score, sampled actions)"""
+    save_model: bool = False
+    """save a checkpoint to runs/<run_name>/model.pt at the end"""
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_envs(env_id, num_envs, seed=0, training=True):
+    """envpool's Atari preprocessing with one frame per observation (memory is the LSTM's job, as in CleanRL).
+    Training envs end an episode at each lost life and clip rewards to their sign; info["reward"] keeps the
+    true score."""
+    if env_id not in envpool.list_all_envs():
+        fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
+    if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+        fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, stack_num=1, episodic_life=training,
+                        reward_clip=training, seed=seed)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature DQN network on one frame, an LSTM(512, 128), and a policy head and a value head on its output."""
+
+    def __init__(self, num_actions):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        ).to(memory_format=torch.channels_last)  # on CPU, mkldnn's NHWC kernels halve the convolutions' backward
+        self.lstm = nn.LSTM(512, 128)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        self.actor = layer_init(nn.Linear(128, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(128, 1), std=1.0)
+
+    def features(self, obs):
+        """(T, B, 1, 84, 84) uint8 frames -> (T, B, 512)."""
+        frames = obs.flatten(0, 1).contiguous(memory_format=torch.channels_last) / 255.0
+        return self.network(frames).view(*obs.shape[:2], -1)
+
+    def heads(self, hidden, action=None):
+        """Categorical policy written out (torch.distributions checks its arguments with host syncs)."""
+        log_probs = self.actor(hidden).log_softmax(-1)
+        if action is None:  # Gumbel-max sampling: argmax(log p - log E), E ~ Exp(1)
+            action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, log_probs.gather(-1, action[..., None]).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
+
+
+def lstm_loop(lstm, features, h, c, dones):
+    """CleanRL's per-step LSTM: the state is zeroed before each step whose observation starts an episode.
+    features (T, B, 512), dones (T, B), states (1, B, 128). Returns the outputs (T, B, 128) and the last state."""
+    outputs = []
+    for feature, done in zip(features, dones):
+        keep = (1.0 - done).view(1, -1, 1)
+        output, (h, c) = lstm(feature[None], (keep * h, keep * c))
+        outputs.append(output)
+    return torch.cat(outputs), (h, c)
+
+
+def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
+    """The same outputs from one LSTM call over left-aligned episode segments (see `segment_layout`).
+    Row T*B of the flattened features and row B of the states are the zeros that padding reads."""
+    num_steps, batch = features.shape[:2]
+    flat_features = torch.cat([features.flatten(0, 1), features.new_zeros(1, features.shape[-1])])
+    initial_h = torch.cat([h[0], h.new_zeros(1, h.shape[-1])])[state_index]
+    initial_c = torch.cat([c[0], c.new_zeros(1, c.shape[-1])])[state_index]
+    outputs, _ = lstm(flat_features[frame_index], (initial_h[None], initial_c[None]))
+    return outputs.flatten(0, 1)[output_index].view(num_steps, batch, -1)
+
+
+def segment_layout(dones):
+    """Host-side plan for `lstm_padded`, from the dones (T, B) of the minibatch's env rows. Every column is cut
+    where an episode starts; segment s is padded column s of a (T, S_pad) batch, S_pad the next power of two
+    of the segment count, so compiled code and CUDA graphs see few shapes. Padding costs
+    (S_pad - B) x T x (512 inputs + the LSTM's activations) floats per minibatch.
+    Returns frame_index (T, S_pad) into the flattened (t * B + b) features, T*B for padding; state_index
+    (S_pad,): the env whose stored state starts the segment, B for zeros; output_index (T*B,) into the
+    flattened (position * S_pad + segment) outputs."""
+    num_steps, batch = dones.shape
+    starts = dones.astype(bool)
+    starts[0] = True  # every column opens a segment at t=0, from the stored state unless dones[0] says reset
+    segment = np.cumsum(starts.T.ravel()).reshape(batch, num_steps).T - 1  # (T, B): segment of each step
+    num_segments = segment[-1, -1] + 1
+    padded_segments = max(batch, 1 << int(num_segments - 1).bit_length())
+    start_time = np.zeros(num_segments, dtype=np.int64)
+    times, envs = np.nonzero(starts)
+    start_time[segment[times, envs]] = times
+    position = np.arange(num_steps)[:, None] - start_time[segment]  # (T, B): step within its segment
+    frame_index = np.full((num_steps, padded_segments), num_steps * batch, dtype=np.int64)
+    frame_index[position, segment] = np.arange(num_steps * batch).reshape(num_steps, batch)
+    state_index = np.full(padded_segments, batch, dtype=np.int64)
+    first = ~dones[0].astype(bool)  # columns whose first segment continues the stored state
+    state_index[segment[0, first]] = np.nonzero(first)[0]
+    output_index = (position * padded_segments + segment).ravel()
+    return frame_index, state_index, output_index
+
+
+def policy(obs, h, c, done, *, agent):
+    """One step for every env: sampled actions, their log-probabilities, the values and the next LSTM state.
+    `agent` is a detached view of the learner."""
+    hidden, (h, c) = lstm_loop(agent.lstm, agent.features(obs[None]), h, c, done[None])
+    action, log_prob, _, value = agent.heads(hidden[0])
+    return action, log_prob, value, h, c
+
+
+def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
+    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
+    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
+    Shapes (T, num_envs); `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    next_values = torch.cat([values[1:], next_value[None]])
+    next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+    advantages = rewards + gamma * next_values * next_nonterminal - values
+    coeffs = gamma * gae_lambda * next_nonterminal
+    offset = 1
+    while offset < len(advantages):
+        advantages = torch.cat([advantages[:-offset] + coeffs[:-offset] * advantages[offset:], advantages[-offset:]])
+        coeffs = torch.cat([coeffs[:-offset] * coeffs[offset:], coeffs[-offset:]])
+        offset *= 2
+    return advantages, advantages + values
+
+
+def ppo_loss(obs, dones, h, c, frame_index, state_index, output_index, actions, logprobs, advantages, returns,
+             values, *, agent, args):
+    """The clipped PPO loss of a minibatch of whole env rows: tensors (T, B, ...), initial states (1, B, 128).
+    The padded LSTM's outputs are gathered back to (T, B), so padding never reaches a loss term."""
+    features = agent.features(obs)
+    if args.lstm_impl == "loop":
+        hidden, _ = lstm_loop(agent.lstm, features, h, c, dones)
+    else:
+        hidden = lstm_padded(agent.lstm, features, h, c, frame_index, state_index, output_index)
+    _, new_logprob, entropy, new_value = agent.heads(hidden, actions)
+    logratio = new_logprob - logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        clipped_value = values + (new_value - values).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((new_value - returns).pow(2), (clipped_value - returns).pow(2)).mean()
+    else:
+        v_loss = 0.5 * (new_value - returns).pow(2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+                  "approx_kl": approx_kl, "clipfrac": clipfrac}
+
+
+def update(*minibatch, agent, optimizer, args):
+    """One gradient step on `ppo_loss`; metrics stay on the device."""
+    loss, metrics = ppo_loss(*minibatch, agent=agent, args=args)
+    optimizer.zero_grad()
+    loss.backward()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
+    optimizer.step()
+    return metrics
+
+
+def speed_up(fn, compile, cudagraphs):
+    """torch.compile fuses the piece's kernels; a CUDA graph then replays all its launches at once (inputs are
+    copied into static buffers, outputs cloned). The pieces take and return plain tensors: no TensorDicts."""
+    if compile:
+        fn = torch.compile(fn)
+    if cudagraphs:
+        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
+    return fn
+
+
+def evaluate(agent, envs, device):
+    """True score of the first whole game in each env, with sampled actions (a greedy Atari policy can stall)."""
+    obs, _ = envs.reset()
+    h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
+    done = torch.zeros(envs.num_envs, device=device)
+    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():
+        with torch.no_grad():
+            actions, _, _, h, c = policy(torch.from_numpy(obs).to(device), h, c, done, agent=agent)
+        obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
+        done = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
+        returns += rewards * ~finished
+        finished |= terminations | truncations
+    return returns.tolist()
+
+
+def write_atomic(path, write):
+    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
+    with open(path + ".tmp", "wb") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    start_time = time.perf_counter()
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive")
+    if args.num_envs % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: minibatches are whole env rows")
+    envs_per_batch = args.num_envs // args.num_minibatches
+    batch_size = args.num_envs * args.num_steps
+    num_iterations = args.total_timesteps // batch_size
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    cudagraphs_active = args.cudagraphs and device.type == "cuda"
+    if args.cudagraphs and not cudagraphs_active:
+        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+
+    random.seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # minibatch env groups: their segment plans are built on the host
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
+    num_actions = int(envs.action_space.n)
+    agent = Agent(num_actions).to(device)
+    # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
+    agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    from_module(agent).data.to_module(agent_view)
+    agent_view.requires_grad_(False)
+
+    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, cudagraphs_active)
+    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, cudagraphs_active)
+    update_steps = {}  # one per padded segment count: a CUDA graph has fixed shapes (compile shares its cache)
+    no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    T, E = args.num_steps, args.num_envs
+    obs = torch.zeros((T, E, *envs.observation_space.shape), dtype=torch.uint8, device=device)
+    actions = torch.zeros((T, E), dtype=torch.long, device=device)
+    logprobs, rewards, dones, values = (torch.zeros((T, E), device=device) for _ in range(4))
+    dones_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
+    episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
+    recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
+    padded_steps = real_steps = 0
+    steady_start_time = steady_start_step = None
+    next_obs_np, _ = envs.reset()
+    next_obs = torch.from_numpy(next_obs_np).to(device)
+    next_done_np = np.zeros(E, dtype=np.float32)
+    next_done = torch.zeros(E, device=device)
+    h = c = torch.zeros(1, E, agent.lstm.hidden_size, device=device)
+    global_step = 0
+    for iteration in tqdm(range(num_iterations), disable=not sys.stderr.isatty()):
+        if iteration == args.measure_burnin:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+        lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
+        learning_rate.fill_(lr_now)
+
+        initial_h, initial_c = h.clone(), c.clone()  # the update replays the rollout from these states
+        for step in range(T):
+            obs[step], dones[step], dones_host[step] = next_obs, next_done, next_done_np
+            actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_done)
+            env_start = time.perf_counter()
+            next_obs_np, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
+            env_seconds += time.perf_counter() - env_start
+            global_step += E
+            next_done_np = (terminations | truncations).astype(np.float32)
+            step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(device, non_blocking=True)
+            next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
+            rewards[step], next_done = step_data[0], step_data[1]
+            # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+            episode_returns += infos["reward"]
+            episode_lengths += 1
+            for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
+                recent_returns.append(episode_returns[env_id])
+                writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
+                writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
+                episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+
+        next_value = policy_step(next_obs, h, c, next_done)[2]
+        advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
+        for _ in range(args.update_epochs):
+            env_order = rng.permutation(E)
+            for start in range(0, E, envs_per_batch):
+                env_ids = env_order[start : start + envs_per_batch]
+                if args.lstm_impl == "padded":
+                    layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(dones_host[:, env_ids]))
+                else:
+                    layout = no_layout
+                padded_steps += layout[0].numel() if args.lstm_impl == "padded" else T * len(env_ids)
+                real_steps += T * len(env_ids)
+                columns = torch.from_numpy(env_ids).to(device)
+                minibatch = [obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns], *layout]
+                minibatch += [t[:, columns] for t in (actions, logprobs, advantages, returns, values)]
+                shape_key = layout[0].shape[-1]
+                if shape_key not in update_steps:
+                    update_steps[shape_key] = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
+                                                       args.compile, cudagraphs_active)
+                metrics = update_steps[shape_key](*minibatch)
+                num_updates += 1
+
+        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/learning_rate", lr_now, global_step)
+        if steady_start_time is not None and global_step > steady_start_step:
+            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    end_time = time.perf_counter()
+    envs.close()
+    if steady_start_time is None:  # the run ended before the steady phase began
+        steady_start_time, steady_start_step, env_seconds = end_time, global_step, 0.0
+    steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
+
+    eval_returns = []
+    if args.eval_episodes > 0:
+        eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
+        torch.manual_seed(args.seed)  # actions are sampled: evaluation does not depend on what training drew
+        eval_returns = evaluate(agent_view, eval_envs, device)
+        eval_envs.close()
+        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+    if args.save_model:
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+
+    summary = {
+        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
+        "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
+        "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
+        "torch_version": torch.__version__, "lstm_impl": args.lstm_impl,
+        "padded_steps": padded_steps, "real_steps": real_steps, "update_shapes": len(update_steps),
+        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
+        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
+        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
+        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
+        "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+    }
+    if device.type == "cuda":
+        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    writer.close()
+    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    print("SPEED " + json.dumps(summary))

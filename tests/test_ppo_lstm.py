@@ -1,0 +1,169 @@
+"""PPO-LSTM on Atari: the padded one-call LSTM against CleanRL's per-step loop (outputs, values, log-probs, loss
+and gradients), the script in every mode, and learning measured against a random policy."""
+
+import math
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from conftest import SUMMARY_KEYS, load_script, run_script
+from test_ppo_atari import random_policy_scores
+
+envpool = pytest.importorskip("envpool")
+
+SCRIPT = "ppo_atari_lstm.py"
+# 2 iterations of 4 envs x 32 steps, 2 minibatches of 2 env rows, 2 epochs.
+TINY = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2,
+        "--update-epochs", 2, "--eval-episodes", 2]
+MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
+         "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+
+
+def done_patterns(num_steps, batch, generator):
+    """The cases the padding must get right, one (T, B) float pattern each."""
+    none = torch.zeros(num_steps, batch)
+    first = none.clone()
+    first[0] = 1.0  # every env starts an episode at t=0: no stored state is used
+    last = none.clone()
+    last[-1] = 1.0
+    every = torch.ones(num_steps, batch)
+    many_short = none.clone()
+    many_short[::3, 0] = 1.0  # env 0: episodes of three steps; the others: one long segment
+    random = (torch.rand(num_steps, batch, generator=generator) < 0.1).float()
+    return {"none": none, "t0": first, "last": last, "every": every, "many_short": many_short, "random": random}
+
+
+def reference_outputs(lstm, features, h, c, dones):
+    """The loop written out cell by cell with nn.LSTMCell's math, independent of the script."""
+    weight_ih, weight_hh = lstm.weight_ih_l0, lstm.weight_hh_l0
+    bias = lstm.bias_ih_l0 + lstm.bias_hh_l0
+    h, c, outputs = h[0], c[0], []
+    for feature, done in zip(features, dones):
+        h, c = h * (1 - done[:, None]), c * (1 - done[:, None])
+        gates = feature @ weight_ih.T + h @ weight_hh.T + bias
+        i, f, g, o = gates.chunk(4, -1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        h = o.sigmoid() * c.tanh()
+        outputs.append(h)
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("pattern", ["none", "t0", "last", "every", "many_short", "random"])
+def test_padded_lstm_equals_the_loop(pattern):
+    module = load_script(SCRIPT)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(512, 128)
+    features = torch.randn(16, 3, 512, generator=g)
+    h, c = torch.randn(1, 3, 128, generator=g), torch.randn(1, 3, 128, generator=g)
+    dones = done_patterns(16, 3, g)[pattern]
+    expected = reference_outputs(lstm, features, h, c, dones)
+    looped, _ = module.lstm_loop(lstm, features, h, c, dones)
+    layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
+    padded = module.lstm_padded(lstm, features, h, c, *layout)
+    torch.testing.assert_close(looped, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(padded, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_segment_layout_pads_to_a_power_of_two():
+    module = load_script(SCRIPT)
+    dones = np.zeros((8, 2), dtype=np.float32)
+    dones[[2, 5], 0] = 1.0  # env 0: three segments, env 1: one
+    frame_index, state_index, output_index = module.segment_layout(dones)
+    assert frame_index.shape == (8, 4) and sorted(output_index) != list(range(16))
+    assert list(state_index) == [0, 2, 2, 1]  # env 0's stored state, zeros, zeros, env 1's stored state
+    assert (frame_index == 16).sum() == 4 * 8 - 16  # every other slot reads the zero row
+    every = module.segment_layout(np.ones((8, 2), dtype=np.float32))[0]
+    assert every.shape == (8, 16)
+
+
+def loss_and_gradients(module, agent, minibatch, impl, compiled):
+    args = module.Args(lstm_impl=impl)
+    loss_fn = partial(module.ppo_loss, agent=agent, args=args)
+    if compiled:
+        loss_fn = torch.compile(loss_fn)
+    agent.zero_grad()
+    loss, metrics = loss_fn(*minibatch)
+    loss.backward()
+    return loss.detach(), metrics, {name: p.grad.clone() for name, p in agent.named_parameters()}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("pattern", ["none", "t0", "every", "many_short", "random"])
+def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
+    module = load_script(SCRIPT)
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)
+    agent = module.Agent(4)
+    num_steps, batch = 12, 2
+    obs = torch.randint(0, 256, (num_steps, batch, 1, 84, 84), dtype=torch.uint8, generator=g)
+    dones = done_patterns(num_steps, batch, g)[pattern]
+    h, c = torch.randn(1, batch, 128, generator=g), torch.randn(1, batch, 128, generator=g)
+    layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
+    actions = torch.randint(0, 4, (num_steps, batch), generator=g)
+    logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
+    minibatch = (obs, dones, h, c, *layout, actions, logprobs - 1.4, advantages, returns, values)
+    loop_loss, loop_metrics, loop_grads = loss_and_gradients(module, agent, minibatch, "loop", False)
+    loss, metrics, grads = loss_and_gradients(module, agent, minibatch, "padded", compiled)
+    torch.testing.assert_close(loss, loop_loss, atol=1e-5, rtol=1e-5)
+    for name in loop_metrics:
+        torch.testing.assert_close(metrics[name], loop_metrics[name], atol=1e-5, rtol=1e-5)
+    for name in loop_grads:
+        torch.testing.assert_close(grads[name], loop_grads[name], atol=1e-5, rtol=1e-4)
+    assert loop_grads["lstm.weight_ih_l0"].abs().sum() > 0
+    # the recurrent weights get gradients unless every step starts an episode (then every state is zero)
+    assert (loop_grads["lstm.weight_hh_l0"].abs().sum() > 0) == (pattern != "every")
+
+
+@pytest.mark.parametrize("impl", ["padded", "loop"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
+    summary, proc = run_script(SCRIPT, TINY + MODES[mode] + ["--lstm-impl", impl], workdir)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["compile"] == ("compile" in mode) and summary["lstm_impl"] == impl
+    assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
+    assert summary["num_updates"] == 2 * 2 * 2 and summary["steady_steps"] == 128
+    assert summary["real_steps"] == 2 * 2 * 2 * 2 * 32
+    assert summary["padded_steps"] >= summary["real_steps"] if impl == "padded" else summary["padded_steps"] == summary["real_steps"]
+    assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
+    assert len(summary["eval_returns"]) == 2 and all(math.isfinite(v) for v in summary["final_metrics"].values())
+    assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
+
+
+def test_same_seed_gives_identical_runs(workdir):
+    first, _ = run_script(SCRIPT, TINY, workdir)
+    second, _ = run_script(SCRIPT, TINY, workdir)
+    assert first["eval_returns"] == second["eval_returns"] and first["final_metrics"] == second["final_metrics"]
+
+
+def test_padded_and_loop_runs_take_the_same_steps(workdir):
+    """Same seed, same minibatches: the two implementations train to the same numbers (up to float rounding)."""
+    padded, _ = run_script(SCRIPT, TINY, workdir)
+    loop, _ = run_script(SCRIPT, TINY + ["--lstm-impl", "loop"], workdir)
+    for name, value in loop["final_metrics"].items():
+        assert padded["final_metrics"][name] == pytest.approx(value, rel=1e-3, abs=1e-5), name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+    (["--env-id", "HalfCheetah-v5"], "not an Atari game"),
+    (["--num-minibatches", 3], "must divide --num-envs"),
+    (["--lstm-impl", "cudnn"], "lstm-impl"),
+])
+def test_bad_input_exits_with_code_2(args, message, workdir):
+    _, proc = run_script(SCRIPT, TINY + args, workdir, check=False, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.learning
+def test_learns_breakout_well_above_a_random_policy(workdir):
+    """About 4 minutes on a 2-core CPU: 98,304 steps with CleanRL's settings except one env row per minibatch
+    and a doubled learning rate (twice the gradient steps on the same samples)."""
+    summary, _ = run_script(SCRIPT, ["--total-timesteps", 98_304, "--num-minibatches", 8, "--learning-rate", 5e-4,
+                                     "--eval-episodes", 20, "--seed", 1], workdir)
+    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
+    trained = np.array(summary["eval_returns"])
+    standard_error = math.sqrt(trained.var(ddof=1) / len(trained) + random_scores.var(ddof=1) / len(random_scores))
+    assert trained.mean() >= 2 * random_scores.mean(), (trained, random_scores.mean())
+    assert trained.mean() - random_scores.mean() >= 3 * standard_error, (trained, random_scores)
