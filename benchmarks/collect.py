@@ -89,6 +89,17 @@ def main(folder):
         print(f"error: no NAME__MODE.json summaries in {folder}", file=sys.stderr)
         return 2
     markdown = "\n\n".join(table(name, runs) for name, runs in results.items()) + "\n"
+    update_path = os.path.join(folder, "lstm_update.json")  # written by benchmarks/ppo_lstm.sh
+    if os.path.exists(update_path):
+        with open(update_path) as f:
+            phase = json.load(f)
+        markdown += (
+            f"\n### PPO-LSTM update phase: one minibatch ({phase['env_rows']} env rows x {phase['num_steps']} steps, "
+            f"{phase['episode_starts']} episode starts, padded/real steps {phase['padded_steps'] / phase['real_steps']:.1f})\n\n"
+            "| CNN only ms | padded ms | loop ms | padded / CNN only | loop / padded |\n| ---: | ---: | ---: | ---: | ---: |\n"
+            f"| {phase['cnn_only']:.1f} | {phase['padded']:.1f} | {phase['loop']:.1f} "
+            f"| {phase['padded'] / phase['cnn_only']:.2f} | {phase['loop'] / phase['padded']:.2f} |\n"
+        )
     profile = os.environ.get("BENCH_PROFILE")  # set by run.sh: say which command made these numbers
     if profile:
         command = "./run.sh" if profile == "full" else f"./run.sh --{profile}"

@@ -29,14 +29,14 @@ def main():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     envs = script.make_envs(args.env_id, args.num_envs)
-    if hasattr(envs, "single_action_space"):  # a gymnasium vector env: its action space is batched
+    if hasattr(envs, "recv"):  # envpool: seeded at construction, its action space is one env's
+        envs.reset()
+        rng = np.random.default_rng(args.seed)
+        sample = partial(rng.integers, envs.action_space.n, size=args.num_envs, dtype=np.int32)
+    else:  # a gymnasium vector env: its action space is batched
         envs.action_space.seed(args.seed)
         envs.reset(seed=args.seed)
         sample = envs.action_space.sample
-    else:  # envpool: seeded at construction, its action space is one env's
-        envs.reset()
-        rng = np.random.default_rng(args.seed)
-        sample = partial(rng.integers, envs.action_space.n, size=args.num_envs)
     actions = [sample() for _ in range(max(1, args.steps // args.num_envs))]
     start = time.perf_counter()
     for action in actions:

@@ -10,3 +10,5 @@ case $BENCH_PROFILE in
 esac
 run_modes ppo_lstm ppo_atari_lstm.py --env-id Breakout-v5 "${budget[@]}" --eval-episodes 0 --seed 1 --lstm-impl padded
 run_modes ppo_lstm_loop ppo_atari_lstm.py --env-id Breakout-v5 "${budget[@]}" --eval-episodes 0 --seed 1 --lstm-impl loop
+# The update phase alone, one minibatch of 2 env rows x 128 steps: CNN only (the floor), padded, loop.
+"$PYTHON" "$ROOT/benchmarks/lstm_update.py" $([[ $BENCH_PROFILE == smoke ]] && echo --repeats 2) > "$RESULTS_DIR/lstm_update.json"

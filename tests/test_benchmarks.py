@@ -59,3 +59,6 @@ def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
         assert f"### {name}: " in proc.stdout
     assert proc.stdout.count("| compile+cudagraphs") == len(names)
     assert (tmp_path / "speed.png").exists()
+    phase = json.loads((tmp_path / "lstm_update.json").read_text())
+    assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0
+    assert "### PPO-LSTM update phase" in proc.stdout
