@@ -378,12 +378,13 @@ if __name__ == "__main__":
             env_order = rng.permutation(E)
             for start in range(0, E, envs_per_batch):
                 env_ids = env_order[start : start + envs_per_batch]
+                real_steps += T * len(env_ids)
                 if args.lstm_impl == "padded":
                     layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(dones_host[:, env_ids]))
+                    padded_steps += layout[0].numel()
                 else:
                     layout = no_layout
-                padded_steps += layout[0].numel() if args.lstm_impl == "padded" else T * len(env_ids)
-                real_steps += T * len(env_ids)
+                    padded_steps += T * len(env_ids)
                 columns = torch.from_numpy(env_ids).to(device)
                 minibatch = [obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns], *layout]
                 minibatch += [t[:, columns] for t in (actions, logprobs, advantages, returns, values)]
