@@ -45,10 +45,16 @@ def table(name, runs):
     if padding:
         lines[-2] += " padded / real steps | peak memory MB |"
         lines[-1] += " ---: | ---: |"
+    replay = "replay_ratio_target" in first  # DQN: gradient samples per inserted transition
+    if replay:
+        lines[-2] += " replay ratio achieved / target |"
+        lines[-1] += " ---: |"
     for mode in modes:
         run = runs[mode]
         sps = run["sps"]
         learner_seconds = run["steady_seconds"] - run["env_seconds"]
+        if run.get("async_actor"):  # the envs run in the actor process: the learner's bound is its busy time
+            learner_seconds = run["steady_seconds"] - run["learner_wait_seconds"]
         learner_bound = run["steady_steps"] / learner_seconds if run["steady_steps"] and learner_seconds > 0 else None
         ceiling = min((c for c in (env_only, learner_bound) if c), default=None)
         label = mode + (" (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else "")
@@ -57,6 +63,7 @@ def table(name, runs):
             f"| {fmt(run['return_mean'], '.1f')} | {fmt(env_only)} | {fmt(learner_bound)} "
             f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} |"
             + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
+            + (f" {run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f} |" if replay else "")
         )
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
     python benchmarks/env_only.py leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 [--num-envs N]
     python benchmarks/env_only.py leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --num-envs 8
+    python benchmarks/env_only.py leanrl_scripts/dqn_atari.py --env-id Breakout-v5 --env-backend gymnasium
 prints one JSON line with `env_only_sps` (environment steps per second, all envs together).
 """
 
@@ -22,13 +23,14 @@ def main():
     parser.add_argument("--env-id", required=True)
     parser.add_argument("--num-envs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--env-backend", help="for dqn_atari.py: envpool or gymnasium")
     parser.add_argument("--steps", type=int, default=20_000, help="environment steps to time, all envs together")
     args, _ = parser.parse_known_args()  # the script's other flags (budget, speed modes) do not matter here
 
     spec = importlib.util.spec_from_file_location("script_under_test", args.script)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    envs = script.make_envs(args.env_id, args.num_envs)
+    envs = script.make_envs(args.env_id, args.num_envs, **({"backend": args.env_backend} if args.env_backend else {}))
     if hasattr(envs, "recv"):  # envpool: seeded at construction, its action space is one env's
         envs.reset()
         rng = np.random.default_rng(args.seed)

@@ -42,18 +42,32 @@ def test_collect_adds_the_padding_cost_of_the_lstm_script(tmp_path):
     assert header.endswith("| padded / real steps | peak memory MB |") and row.endswith("| 3.00 | 612 |")
 
 
+def test_collect_reads_the_async_learner_bound_and_the_replay_ratio(tmp_path):
+    # 1000 steps in 10 s, 4 of them spent by the learner waiting for the actor: learner-bound 1000 / 6 = 167
+    run = summary("eager", 100.0, env_seconds=9.0, async_actor=True, learner_wait_seconds=4.0,
+                  replay_ratio_target=12.8, replay_ratio_achieved=12.7)
+    (tmp_path / "dqn_async__eager.json").write_text(json.dumps(run))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
+                          capture_output=True, text=True)
+    header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert header.endswith("| replay ratio achieved / target |") and row.endswith("| 12.70 / 12.80 |")
+    assert [cell.strip() for cell in row.split("|")][6] == "167"
+
+
 def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = {"ppo_atari": "Breakout-v5", "ppo_atari_async": "Breakout-v5", "ppo_continuous": "Pendulum-v1",
-             "ppo_lstm": "Breakout-v5", "ppo_lstm_loop": "Breakout-v5", "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
+             "ppo_lstm": "Breakout-v5", "ppo_lstm_loop": "Breakout-v5", "sac": "Pendulum-v1", "td3": "Pendulum-v1",
+             "dqn": "CartPole-v1", "dqn_async": "CartPole-v1", "dqn_atari": "Breakout-v5", "dqn_atari_async": "Breakout-v5"}
     for name, env_id in names.items():
         for mode in ("eager", "compile", "cudagraphs", "compile+cudagraphs"):
             run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())
             assert run["mode"] == mode and run["env_id"] == env_id and run["sps"] > 0
-            assert run.get("envpool_async", False) == name.endswith("_async")
+            assert run.get("envpool_async", False) == (name == "ppo_atari_async")
+            assert run.get("async_actor", False) == (name in ("dqn_async", "dqn_atari_async"))
             assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
         assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 1000
         assert f"### {name}: " in proc.stdout

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# DQN on CartPole-v1 (CleanRL's defaults: 1 env, batch 128, an update every 10 steps, 10,000 steps before
+# learning), synchronous and with the async actor, in every mode. The budget covers the steady phase only;
+# learning curves need the default --total-timesteps 500000.
+source "$(dirname "$0")/lib.sh"
+case $BENCH_PROFILE in
+    smoke) budget=(--total-timesteps 1000 --learning-starts 500 --buffer-size 1000 --measure-burnin 5) ;;
+    quick) budget=(--total-timesteps 25000) ;;
+    *) budget=(--total-timesteps 60000) ;;
+esac
+run_modes dqn dqn.py "${budget[@]}" --eval-episodes 0 --seed 1
+run_modes dqn_async dqn.py "${budget[@]}" --async-actor --eval-episodes 0 --seed 1

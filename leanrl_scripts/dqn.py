@@ -1,0 +1,536 @@
+"""Deep Q-Network (DQN, Mnih et al. 2015) for discrete-action classic control, one file.
+
+Speed: `--async-actor` plays in its own process (its own env, a CPU copy of the Q-network) while the learner
+trains; a rate limiter in the style of Reverb's SampleToInsertRatio keeps gradient samples per inserted
+transition at the synchronous run's value, so the algorithm is unchanged. Cost: storage in shared memory and
+a tolerance band of extra rows. The action step and the update can be wrapped in torch.compile and CUDA graphs.
+    python leanrl_scripts/dqn.py --env-id CartPole-v1 --async-actor --compile
+"""
+
+import json
+import math
+import os
+import random
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    env_id: str = "CartPole-v1"
+    """the id of the gymnasium environment (discrete actions, flat observations)"""
+    total_timesteps: int = 500_000
+    """total environment steps, all envs together"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 10_000
+    """the replay memory buffer size (transitions)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate (1.0: a hard copy)"""
+    target_network_frequency: int = 500
+    """environment steps between target network updates"""
+    batch_size: int = 128
+    """the batch size of samples from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.05
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.5
+    """the fraction of `total_timesteps` it takes from start_e to end_e"""
+    learning_starts: int = 10_000
+    """environment steps before learning starts"""
+    train_frequency: int = 10
+    """environment steps (all envs together) per update: the replay ratio is batch_size / train_frequency"""
+    steps_per_update: int = 1
+    """vector steps played between rounds of updates; each round does the updates those steps owe"""
+    async_actor: bool = False
+    """play in a separate process that feeds the replay storage through a rate limiter"""
+    actor_sync_every: int = 10
+    """(async) updates between copies of the learner's weights to the actor"""
+    replay_tolerance: float = 0.1
+    """(async) how far the replay ratio may drift, as a fraction of learning_starts x replay ratio samples"""
+    compile: bool = False
+    """wrap the action step and the update in torch.compile"""
+    cudagraphs: bool = False
+    """wrap the action step and the update in CUDA graphs (tensordict's CudaGraphModule)"""
+    measure_burnin: int = 50
+    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes at the end of the run"""
+    save_model: bool = False
+    """save a checkpoint to runs/<run_name>/model.pt at the end"""
+
+
+LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_envs(env_id, num_envs, seed=0):
+    """Vector env whose step returns the reset observation and the true final one (info["final_obs"])."""
+    try:
+        envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs,
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except gym.error.UnregisteredEnv:
+        fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
+    except gym.error.Error as error:  # a missing package, a deprecated version, with what to do instead
+        fail(f"{env_id}: {error}")
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous: sac_continuous_action.py)")
+    if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        fail(f"{env_id} has observations {envs.single_observation_space}: this script needs a flat (1-D Box) one")
+    envs.action_space.seed(seed)
+    return envs
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim, num_actions):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(obs_dim, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                                     nn.Linear(84, num_actions))
+
+    def forward(self, obs):
+        return self.network(obs)
+
+
+class ReplayBuffer:
+    """Transitions as rows [obs | action | reward | next_obs | termination] of one preallocated tensor, row
+    `i % capacity` for the i-th insert. In async mode it lives in shared memory and has `extra_rows` beyond
+    buffer_size: rows the actor may write while the learner gathers a batch, so none is read half-written."""
+
+    def __init__(self, buffer_size, obs_dim, device, extra_rows=0, shared=False):
+        self.columns = [obs_dim, 1, 1, obs_dim, 1]
+        self.rows = torch.zeros(buffer_size + extra_rows, sum(self.columns), device=device)
+        if shared:
+            self.rows.share_memory_()
+        self.buffer_size = buffer_size
+
+    def add(self, inserted, obs, actions, rewards, next_obs, terminations):
+        step = np.concatenate([obs, actions[:, None], rewards[:, None], next_obs, terminations[:, None]], 1)
+        index = torch.arange(inserted, inserted + len(step), device=self.rows.device) % len(self.rows)
+        self.rows[index] = torch.from_numpy(step).to(self.rows)
+
+    def sample(self, inserted, batch_size, device):
+        """A uniform batch of the newest min(inserted, buffer_size) transitions: obs, actions, rewards,
+        next_obs, terminations (actions int64, the rest float32)."""
+        newest = torch.randint(0, min(inserted, self.buffer_size), (batch_size,), device=self.rows.device)
+        batch = self.rows[(inserted - 1 - newest) % len(self.rows)].to(device, non_blocking=True)
+        obs, actions, rewards, next_obs, terminations = batch.split(self.columns, dim=1)
+        return obs, actions.long().squeeze(1), rewards.squeeze(1), next_obs, terminations.squeeze(1)
+
+
+class RateLimiter:
+    """Reverb's SampleToInsertRatio across processes: with diff = inserts x samples_per_insert - samples, an
+    insert waits while it would push diff above min_size x spi + error_buffer, a sample waits until
+    min_size transitions are in and while it would pull diff below min_size x spi - error_buffer. Both sides
+    sleep on one condition variable and are woken by the other's progress; the one-second timeout only
+    checks that the other side is alive. Counters live in shared memory, each side updates its own."""
+
+    def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
+        self.spi, self.min_size = samples_per_insert, min_size
+        self.min_diff = min_size * samples_per_insert - error_buffer
+        self.max_diff = min_size * samples_per_insert + error_buffer
+        self.counts = ctx.RawArray("q", 3)  # inserts, samples, closed
+        self.cond = ctx.Condition()
+
+    @property
+    def inserts(self):
+        return self.counts[0]
+
+    @property
+    def samples(self):
+        return self.counts[1]
+
+    def _wait(self, ready, other_alive):
+        """True once `ready()`; False if the limiter is closed first (the run ends or the other side failed)."""
+        with self.cond:
+            while not ready():
+                if self.counts[2]:
+                    return False
+                if not self.cond.wait(timeout=1.0) and not other_alive():
+                    raise ChildProcessError("the other side of the replay storage stopped")
+            return True
+
+    def await_insert(self, n, other_alive=lambda: True):
+        return self._wait(lambda: not self.counts[2] and (self.inserts + n) * self.spi - self.samples <= self.max_diff,
+                          other_alive)
+
+    def await_sample(self, n, other_alive=lambda: True):
+        return self._wait(lambda: self.inserts >= self.min_size
+                          and self.inserts * self.spi - self.samples - n >= self.min_diff, other_alive)
+
+    def _advance(self, which, n):
+        with self.cond:
+            self.counts[which] += n
+            self.cond.notify_all()
+
+    def inserted(self, n):
+        self._advance(0, n)
+
+    def sampled(self, n):
+        self._advance(1, n)
+
+    def close(self):
+        self._advance(2, 1)
+
+
+def policy(obs, epsilon, *, q_network):
+    """Epsilon-greedy actions, one coin per env; `q_network` is a detached view or the actor's copy."""
+    greedy = q_network(obs).argmax(-1)
+    explore = torch.rand(greedy.shape, device=obs.device) < epsilon
+    return torch.where(explore, torch.randint_like(greedy, q_network.network[-1].out_features), greedy)
+
+
+def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, optimizer, gamma):
+    """One TD step; the loss and the mean Q of the taken actions stay on the device."""
+    with torch.no_grad():
+        target_max = target_network(next_obs).max(-1).values
+        td_target = rewards + gamma * target_max * (1 - terminations)
+    old_val = q_network(obs).gather(1, actions[:, None]).squeeze(1)
+    loss = F.mse_loss(td_target, old_val)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.detach(), old_val.mean().detach()
+
+
+def speed_up(fn, compile, cudagraphs):
+    """torch.compile fuses the piece's kernels; a CUDA graph then replays all its launches at once (inputs are
+    copied into static buffers, outputs cloned). The pieces take and return plain tensors: no TensorDicts."""
+    if compile:
+        fn = torch.compile(fn)
+    if cudagraphs:
+        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
+    return fn
+
+
+def epsilon_at(step, args):
+    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
+    return max(slope * step + args.start_e, args.end_e)
+
+
+class Player:
+    """Plays epsilon-greedy vector steps into the replay storage and keeps the episode returns (a list of
+    (global_step, return) for the caller to drain). The synchronous loop and the actor process both use it."""
+
+    def __init__(self, args, envs, policy_step, rb, device):
+        self.args, self.envs, self.policy_step, self.rb, self.device = args, envs, policy_step, rb, device
+        self.obs, _ = envs.reset(seed=args.seed)
+        self.epsilon = torch.ones((), device=device)
+        self.episode_returns, self.finished = np.zeros(args.num_envs), []
+        self.inserted, self.env_seconds = 0, 0.0
+
+    def step(self, weights_lock=nullcontext()):
+        self.epsilon.fill_(epsilon_at(self.inserted, self.args))
+        obs = torch.from_numpy(self.obs).to(self.device, torch.float32, non_blocking=True)
+        with weights_lock:  # the actor process's: the learner writes new weights under the same lock
+            actions = self.policy_step(obs, self.epsilon).cpu().numpy()
+        env_start = time.perf_counter()
+        next_obs, rewards, terminations, truncations, infos = self.envs.step(actions)
+        self.env_seconds += time.perf_counter() - env_start
+        real_next_obs = next_obs.copy()  # truncated episodes bootstrap from their true final observation
+        if "final_obs" in infos:
+            real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
+        self.rb.add(self.inserted, self.obs, actions, rewards, real_next_obs, terminations)
+        self.inserted += self.args.num_envs
+        self.episode_returns += rewards
+        done = terminations | truncations
+        self.finished += [(self.inserted, episode_return) for episode_return in self.episode_returns[done]]
+        self.episode_returns[done] = 0
+        self.obs = next_obs
+
+
+def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
+    """The actor process: plays on the CPU with `actor_q` (shared memory, refreshed by the learner) and sends
+    its finished episodes with its env time so far through `reports`; any error goes there as text."""
+    try:
+        torch.set_num_threads(1)  # one core plays, the others train
+        torch.manual_seed(args.seed + 1)
+        envs = make_envs(args.env_id, args.num_envs, args.seed)
+        policy_step = speed_up(partial(policy, q_network=actor_q), args.compile, False)
+        player = Player(args, envs, policy_step, rb, torch.device("cpu"))
+        parent = os.getppid()
+        for _ in range(args.total_timesteps // args.num_envs):
+            if not limiter.await_insert(args.num_envs, lambda: os.getppid() == parent):
+                break
+            player.step(weights_lock)
+            limiter.inserted(args.num_envs)
+            if player.finished:
+                reports.put(("progress", player.finished, player.env_seconds))
+                player.finished = []
+        reports.put(("progress", [], player.env_seconds))
+    except KeyboardInterrupt:  # Ctrl-C reaches both processes; the learner reports it
+        pass
+    except BaseException:
+        reports.put(("error", traceback.format_exc()))
+        sys.exit(1)
+    finally:
+        limiter.close()  # wakes a learner waiting for transitions that will not come
+
+
+def evaluate(q_network, envs, device, seed):
+    """Undiscounted return of the first episode in each env, acting greedily."""
+    obs, _ = envs.reset(seed=seed)
+    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():
+        with torch.no_grad():
+            actions = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(-1)
+        obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
+        returns += rewards * ~finished
+        finished |= terminations | truncations
+    return returns.tolist()
+
+
+def write_atomic(path, write):
+    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
+    with open(path + ".tmp", "wb") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    start_time = time.perf_counter()
+    for name in ("total_timesteps", "num_envs", "batch_size", "buffer_size", "train_frequency", "steps_per_update",
+                 "actor_sync_every", "target_network_frequency"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive")
+    if not 0 < args.exploration_fraction <= 1 or not 0 < args.tau <= 1:
+        fail("--exploration-fraction and --tau must be in (0, 1]")
+    if args.learning_starts < args.batch_size:
+        fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    cudagraphs_active = args.cudagraphs and device.type == "cuda"
+    if args.cudagraphs and not cudagraphs_active:
+        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(1)  # a 120-84 MLP gains nothing from intra-op threads: waking them costs more than the math
+
+    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    obs_dim, num_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    q_network = QNetwork(obs_dim, num_actions).to(device)
+    target_network = QNetwork(obs_dim, num_actions).to(device).requires_grad_(False)
+    target_network.load_state_dict(q_network.state_dict())
+    target_params, online_params = from_module(target_network), from_module(q_network).data
+    q_view = QNetwork(obs_dim, num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    from_module(q_network).data.to_module(q_view)
+    q_view.requires_grad_(False)
+    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),
+                                 fused=True, capturable=cudagraphs_active)
+    update_step = speed_up(partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
+                                   gamma=args.gamma), args.compile, cudagraphs_active)
+    # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts.
+    replay_ratio = args.batch_size / args.train_frequency
+    total_updates = max(0, args.total_timesteps // args.num_envs * args.num_envs - args.learning_starts) // args.train_frequency
+    target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    if args.async_actor:
+        envs.close()
+        ctx = mp.get_context("spawn")  # fork would copy the learner's threads and locks mid-flight
+        # The band must fit one actor step and one batch, or each side could wait on the other forever.
+        error_buffer = max(args.replay_tolerance * args.learning_starts * replay_ratio,
+                           args.num_envs * replay_ratio + args.batch_size)
+        limiter = RateLimiter(replay_ratio, args.learning_starts, error_buffer, ctx)
+        # While the learner gathers a batch the actor can insert at most this many transitions (then the band
+        # stops it): rows beyond buffer_size keep them from overwriting anything the batch may read.
+        extra_rows = math.ceil(2 * error_buffer / replay_ratio) + args.num_envs
+        rb = ReplayBuffer(args.buffer_size, obs_dim, "cpu", extra_rows, shared=True)
+        actor_q = QNetwork(obs_dim, num_actions).requires_grad_(False).share_memory()
+        actor_q.load_state_dict(q_network.state_dict())
+        actor_params, weights_lock, reports = from_module(actor_q), ctx.Lock(), ctx.Queue()
+        actor = ctx.Process(target=run_actor, args=(args, rb, limiter, actor_q, weights_lock, reports), daemon=True)
+        actor.start()
+    else:
+        rb = ReplayBuffer(args.buffer_size, obs_dim, device)
+        player = Player(args, envs, speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active), rb, device)
+
+    recent_returns, num_updates, loss = deque(maxlen=20), 0, None
+    actor_env_seconds, actor_error, wait_seconds = 0.0, None, 0.0
+    steady_start_time = steady_start_step = None
+
+    def inserted():
+        return limiter.inserts if args.async_actor else player.inserted
+
+    def played_seconds():
+        return actor_env_seconds if args.async_actor else player.env_seconds
+
+    def drain_reports():
+        """Log finished episodes: the player's, or those the actor sent (with its env time and any error)."""
+        global actor_env_seconds, actor_error
+        if not args.async_actor:
+            reports_now, player.finished = [("progress", player.finished, player.env_seconds)], []
+        else:
+            reports_now = []
+            while not reports.empty():
+                reports_now.append(reports.get())
+        for kind, *content in reports_now:
+            if kind == "error":
+                actor_error = content[0]
+                continue
+            for step, episode_return in content[0]:
+                recent_returns.append(episode_return)
+                writer.add_scalar("charts/episodic_return", episode_return, step)
+            actor_env_seconds = content[1]
+
+    def stop_actor(timeout):
+        """Wait for the actor to exit, reading its reports meanwhile (a process with unread queue data cannot
+        exit), then close the limiter, and terminate it if it is still there: no process outlives the run."""
+        deadline = time.monotonic() + timeout
+        while actor.is_alive() and time.monotonic() < deadline:
+            drain_reports()
+            actor.join(timeout=0.1)
+        limiter.close()
+        if actor.is_alive():
+            actor.terminate()
+            actor.join()
+        drain_reports()
+
+    def learn():
+        """One update from a fresh batch, the target and actor weights when due, metrics every LOG_EVERY."""
+        global num_updates, loss, steady_start_time, steady_start_step, steady_env_seconds, wait_seconds
+        if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            drain_reports()
+            steady_start_time, steady_start_step, steady_env_seconds = time.perf_counter(), inserted(), played_seconds()
+            wait_seconds = 0.0
+        if args.async_actor:
+            wait_start = time.perf_counter()
+            if not limiter.await_sample(args.batch_size, actor.is_alive):
+                raise ChildProcessError("the actor stopped")
+            wait_seconds += time.perf_counter() - wait_start
+        batch = rb.sample(inserted(), args.batch_size, device)
+        if args.async_actor:
+            limiter.sampled(args.batch_size)
+        loss, q_values = update_step(*batch)
+        num_updates += 1
+        if num_updates % target_every == 0:
+            target_params.lerp_(online_params, args.tau)
+        if args.async_actor and num_updates % args.actor_sync_every == 0:
+            if not actor.is_alive():
+                raise ChildProcessError("the actor stopped")
+            with weights_lock:
+                actor_params.update_(online_params)
+        if num_updates % LOG_EVERY == 0:
+            loss_value, q_value = torch.stack([loss, q_values]).tolist()  # one sync per LOG_EVERY updates
+            step = inserted()
+            writer.add_scalar("losses/td_loss", loss_value, step)
+            writer.add_scalar("losses/q_values", q_value, step)
+            writer.add_scalar("charts/epsilon", epsilon_at(step, args), step)
+            writer.add_scalar("charts/replay_ratio", num_updates * args.batch_size / max(1, step - args.learning_starts), step)
+            if steady_start_time is not None and step > steady_start_step:
+                writer.add_scalar("charts/SPS", (step - steady_start_step) / (time.perf_counter() - steady_start_time), step)
+            drain_reports()
+
+    try:
+        if args.async_actor:  # the rate limiter paces the updates against the actor's inserts
+            while num_updates < total_updates:
+                learn()
+        else:  # play steps_per_update vector steps, then do the updates they owe
+            for iteration in range(0, args.total_timesteps // args.num_envs, args.steps_per_update):
+                for _ in range(min(args.steps_per_update, args.total_timesteps // args.num_envs - iteration)):
+                    player.step()
+                owed = max(0, player.inserted - args.learning_starts) // args.train_frequency
+                while num_updates < owed:
+                    learn()
+                drain_reports()
+    except (ChildProcessError, KeyboardInterrupt) as error:
+        if args.async_actor:
+            stop_actor(timeout=5)
+        if isinstance(error, KeyboardInterrupt):
+            print("interrupted: the learner and the actor stopped", file=sys.stderr)
+            sys.exit(130)
+        cause = actor_error.strip().splitlines()[-1] if actor_error else (
+            f"killed by {signal.Signals(-actor.exitcode).name}" if actor.exitcode and actor.exitcode < 0
+            else f"exit code {actor.exitcode}")
+        print(f"error: the actor process died ({cause}); the learner stops", file=sys.stderr)
+        sys.exit(1)
+    if args.async_actor:  # every update is done: the actor plays its last steps (the band lets it) and exits
+        stop_actor(timeout=60)
+    else:
+        envs.close()
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    end_time, end_step = time.perf_counter(), inserted()
+    if steady_start_time is None:  # the run ended before the steady phase began
+        steady_start_time, steady_start_step, steady_env_seconds = end_time, end_step, played_seconds()
+    env_seconds = played_seconds() - steady_env_seconds  # the actor's, in async mode
+    steady_steps, steady_seconds = end_step - steady_start_step, end_time - steady_start_time
+
+    eval_returns = []
+    if args.eval_episodes > 0:
+        eval_envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000)
+        eval_returns = evaluate(q_view, eval_envs, device, seed=args.seed + 10_000)
+        eval_envs.close()
+        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
+    if args.save_model:
+        checkpoint = {"env_id": args.env_id, "obs_dim": obs_dim, "num_actions": num_actions, "args": asdict(args),
+                      "q_network": q_network.state_dict(), "optimizer": optimizer.state_dict()}
+        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+
+    summary = {
+        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
+        "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
+        "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
+        "torch_version": torch.__version__, "async_actor": args.async_actor,
+        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
+        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
+        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
+        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
+        "learner_wait_seconds": wait_seconds, "num_updates": num_updates, "inserted": end_step,
+        "final_td_loss": loss.item() if loss is not None else None,
+        "replay_ratio_target": replay_ratio,
+        "replay_ratio_achieved": num_updates * args.batch_size / max(1, end_step - args.learning_starts),
+    }
+    if device.type == "cuda":
+        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    writer.close()
+    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    print("SPEED " + json.dumps(summary))

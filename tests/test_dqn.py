@@ -1,0 +1,205 @@
+"""DQN (dqn.py, dqn_atari.py): the rate limiter under a fast and a slow side, the actor process failing and
+being interrupted, the TD update against a plain reference, the script as a user runs it, and learning."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+
+import multiprocessing as mp
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import SCRIPTS, SUMMARY_KEYS, load_script, run_script
+
+SCRIPT = "dqn.py"
+# CartPole: 1,000 steps, 500 of them before learning, one update per 10 steps (50 updates, 5 of them warm-up).
+TINY = ["--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000, "--measure-burnin", 5,
+        "--eval-episodes", 2]
+MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
+         "compile+cudagraphs": ["--compile", "--cudagraphs"], "async-actor": ["--async-actor"],
+         "2-envs-5-steps-per-update": ["--num-envs", 2, "--steps-per-update", 5]}
+
+
+def run_limiter(produce_pause, consume_pause, spi=4.0, min_size=50, error_buffer=40.0, inserts=600, per_insert=2,
+                per_sample=8):
+    """A producer thread inserting `per_insert` items at a time and a consumer thread sampling `per_sample` at a
+    time, through the script's limiter; after every step, the invariants a run relies on are recorded."""
+    limiter = load_script(SCRIPT).RateLimiter(spi, min_size, error_buffer, mp.get_context("spawn"))
+    items, violations = [], []
+    total_samples = int((inserts - min_size) * spi) // per_sample * per_sample
+
+    def producer():
+        while len(items) < inserts and limiter.await_insert(per_insert):
+            items.extend(range(len(items), len(items) + per_insert))  # written before it is counted
+            limiter.inserted(per_insert)
+            if limiter.inserts * spi - limiter.samples > limiter.max_diff:
+                violations.append(("too far ahead", limiter.inserts, limiter.samples))
+            time.sleep(produce_pause)
+
+    def consumer():
+        while limiter.samples < total_samples and limiter.await_sample(per_sample):
+            if len(items) < limiter.inserts or limiter.inserts < min_size:
+                violations.append(("sampled what is not there", len(items), limiter.inserts))
+            limiter.sampled(per_sample)
+            if limiter.inserts * spi - limiter.samples < limiter.min_diff:
+                violations.append(("too far behind", limiter.inserts, limiter.samples))
+            time.sleep(consume_pause)
+
+    threads = [threading.Thread(target=producer), threading.Thread(target=consumer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    released = not any(thread.is_alive() for thread in threads)
+    limiter.close()
+    return limiter, items, violations, released, total_samples
+
+
+@pytest.mark.parametrize("produce_pause, consume_pause", [(0, 0.002), (0.002, 0)], ids=["fast-actor", "fast-learner"])
+def test_rate_limiter_keeps_the_ratio_within_the_band(produce_pause, consume_pause):
+    limiter, items, violations, released, total_samples = run_limiter(produce_pause, consume_pause)
+    assert released, "a side was left waiting at the end of the run"
+    assert violations == []
+    assert items == list(range(600)) and limiter.inserts == 600  # every insert counted once
+    assert limiter.samples == total_samples
+    # the achieved samples per insert after the minimum size: 4 give or take the band over the run
+    assert abs(limiter.samples / (limiter.inserts - 50) - 4.0) <= 40 / (600 - 50)
+
+
+def test_rate_limiter_close_releases_a_waiting_side():
+    limiter = load_script(SCRIPT).RateLimiter(4.0, 50, 40.0, mp.get_context("spawn"))
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(limiter.await_sample(8)))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()  # nothing inserted: the sample waits (the minimum size)
+    limiter.close()
+    waiter.join(timeout=5)
+    assert result == [False] and not limiter.await_insert(1)
+
+
+def test_update_equals_a_plain_td_step():
+    module = load_script(SCRIPT)
+    torch.manual_seed(0)
+    q_network, target_network = module.QNetwork(4, 2), module.QNetwork(4, 2).requires_grad_(False)
+    reference = module.QNetwork(4, 2)
+    reference.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(1e-3), fused=True)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    update = partial(module.update, q_network=q_network, target_network=target_network, optimizer=optimizer, gamma=0.9)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        obs, next_obs = torch.randn(16, 4, generator=g), torch.randn(16, 4, generator=g)
+        actions, rewards = torch.randint(0, 2, (16,), generator=g), torch.randn(16, generator=g)
+        terminations = (torch.rand(16, generator=g) < 0.3).float()
+        loss, _ = update(obs, actions, rewards, next_obs, terminations)
+        # the reference: Q(s, a) regressed on r + 0.9 max_a' Q_target(s', a') for non-terminal s'
+        targets = [rewards[i] + (0.0 if terminations[i] else 0.9 * target_network(next_obs[i]).max()) for i in range(16)]
+        reference_loss = F.mse_loss(torch.stack([reference(obs[i])[actions[i]] for i in range(16)]),
+                                    torch.stack(targets).detach())
+        reference_optimizer.zero_grad()
+        reference_loss.backward()
+        reference_optimizer.step()
+        torch.testing.assert_close(loss, reference_loss.detach())
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(q_network.state_dict()[name], value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_writes_a_valid_summary(mode, workdir):
+    summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["compile"] == ("compile" in mode) and summary["async_actor"] == (mode == "async-actor")
+    assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
+    assert summary["num_updates"] == 50 and summary["inserted"] == 1000
+    assert summary["replay_ratio_target"] == 12.8 and summary["replay_ratio_achieved"] == 12.8
+    if mode in ("eager", "compile"):  # the 6th update is owed at step 560; the steady phase starts there
+        assert summary["steady_steps"] == 440
+    assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
+    assert len(summary["eval_returns"]) == 2 and all(1 <= r <= 500 for r in summary["eval_returns"])
+    assert 8 <= summary["return_mean"] <= 500  # CartPole episodes last 8 steps or more
+    assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
+
+
+def test_same_seed_gives_identical_runs(workdir):
+    first, _ = run_script(SCRIPT, TINY, workdir)
+    second, _ = run_script(SCRIPT, TINY, workdir)
+    assert first["eval_returns"] == second["eval_returns"] and first["final_td_loss"] == second["final_td_loss"]
+    assert first["return_mean"] == second["return_mean"]
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("dqn.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
+    ("dqn.py", ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
+    ("dqn.py", ["--learning-starts", 10], "must be at least --batch-size"),
+    ("dqn_atari.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+    ("dqn_atari.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
+    ("dqn_atari.py", ["--env-id", "Pendulum-v1"], "not an Atari game"),  # envpool has it, with continuous actions
+])
+def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, workdir):
+    _, proc = run_script(script, ["--total-timesteps", 1000] + args, workdir, check=False, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+
+
+def start_async_run(workdir):
+    """dqn.py --async-actor long enough to be stopped, in its own process group; returns it once the actor
+    process is up, with the actor's pid."""
+    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, SCRIPT), "--async-actor", "--total-timesteps",
+                             "10000000", "--learning-starts", "1000", "--eval-episodes", "0"], cwd=workdir, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "spawn_main"], capture_output=True, text=True)
+        if children.stdout.split():
+            time.sleep(3)  # the actor imports, plays its first steps, learning starts
+            return proc, int(children.stdout.split()[0])
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("the actor process did not start")
+
+
+def processes_in_group(pgid, wait=5.0):
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        alive = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+        if not alive:
+            return []
+        time.sleep(0.2)
+    return alive
+
+
+def test_a_dead_actor_stops_the_learner_with_a_clear_error(workdir):
+    proc, actor_pid = start_async_run(workdir)
+    os.kill(actor_pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - killed < 10
+    assert proc.returncode == 1
+    assert "error: the actor process died (killed by SIGKILL)" in stderr.strip().splitlines()[-1]
+    assert processes_in_group(proc.pid) == []
+
+
+def test_ctrl_c_stops_learner_and_actor(workdir):
+    proc, _ = start_async_run(workdir)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends to the foreground group
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
+    assert processes_in_group(proc.pid) == []
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("mode", ["sync", "async-actor"])
+def test_learns_cartpole_within_60k_steps(mode, workdir):
+    """About 20 s each. CleanRL's defaults anneal epsilon over 250k of their 500k steps; in 60k steps: 1,000
+    steps before learning, epsilon annealed over 6,000, an update every 4 steps at lr 1e-3, the target copied
+    every 200 steps. Seeds 1-3 evaluated 424, 500, 454 (sync) on 10 greedy episodes."""
+    args = ["--total-timesteps", 60_000, "--learning-starts", 1000, "--exploration-fraction", 0.1,
+            "--train-frequency", 4, "--learning-rate", 1e-3, "--target-network-frequency", 200, "--seed", 2]
+    summary, _ = run_script(SCRIPT, args + (["--async-actor"] if mode == "async-actor" else []), workdir)
+    assert summary["replay_ratio_achieved"] == pytest.approx(32.0, rel=0.01)
+    assert len(summary["eval_returns"]) == 10 and summary["eval_return_mean"] >= 400, summary["eval_returns"]

@@ -1,0 +1,206 @@
+"""dqn_atari.py: each gymnasium wrapper against a hand-built expectation on a scripted fake emulator, the frame
+storage rebuilding exactly the stacks the envs returned (both back-ends, across episode starts and wrap-around),
+every mode, determinism, and learning measured against a random policy in the same test."""
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import SUMMARY_KEYS, load_script, run_script
+
+pytest.importorskip("envpool")
+pytest.importorskip("ale_py")
+SCRIPT = "dqn_atari.py"
+# 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
+TINY = ["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
+        "--measure-burnin", 5, "--eval-episodes", 1]
+MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
+         "compile+cudagraphs": ["--compile", "--cudagraphs"], "async-actor": ["--async-actor"],
+         "gymnasium": ["--env-backend", "gymnasium"]}
+
+
+class FakeAtari(gym.Env):
+    """A scripted emulator: frame t is filled with (37 t) mod 256, rewards and lives change at given frames,
+    the game ends at frame `length`; every action and reset is logged."""
+
+    observation_space = gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self, rewards=None, life_lost_at=(), length=100):
+        self.rewards, self.life_lost_at, self.length = rewards or {}, life_lost_at, length
+        self.ale, self.actions, self.resets = self, [], 0
+
+    def lives(self):
+        return 3 - sum(t <= self.t for t in self.life_lost_at)
+
+    def get_action_meanings(self):
+        return ["NOOP", "FIRE", "RIGHT", "LEFT"]
+
+    def frame(self):
+        return np.full((210, 160, 3), 37 * self.t % 256, dtype=np.uint8)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.resets = 0, self.resets + 1
+        return self.frame(), {}
+
+    def step(self, action):
+        self.t += 1
+        self.actions.append(int(action))
+        return self.frame(), float(self.rewards.get(self.t, 0)), self.t >= self.length, False, {}
+
+
+def test_noop_reset_takes_1_to_30_noops():
+    module = load_script(SCRIPT)
+    counts = set()
+    for seed in range(20):
+        fake = FakeAtari()
+        env = module.NoopReset(fake)
+        obs, _ = env.reset(seed=seed)
+        assert set(fake.actions) == {0} and 1 <= len(fake.actions) <= 30
+        assert obs[0, 0, 0] == 37 * len(fake.actions) % 256
+        counts.add(len(fake.actions))
+    assert len(counts) > 5  # varied starts
+
+
+def test_max_and_skip_sums_rewards_and_max_pools_the_last_two_frames():
+    fake = FakeAtari(rewards={1: 1, 2: 3, 5: -2}, length=10)
+    env = load_script(SCRIPT).MaxAndSkip(fake)
+    env.reset()
+    obs, reward, terminated, _, info = env.step(2)
+    assert fake.actions == [2] * 4 and reward == 4 and info["reward"] == 4 and not terminated
+    assert (obs == max(37 * 3 % 256, 37 * 4 % 256)).all()  # frames 3 (111) and 4 (148)
+    obs, reward, _, _, _ = env.step(3)
+    assert reward == -2 and (obs == max(37 * 7 % 256, 37 * 8 % 256)).all()  # 259 mod 256 = 3 and 40
+    obs, reward, terminated, _, info = env.step(1)  # the game ends at frame 10, after 2 of the 4 frames
+    assert terminated and info["terminated"] and len(fake.actions) == 10
+    assert (obs == max(37 * 9 % 256, 37 * 10 % 256)).all()
+
+
+def test_episodic_life_ends_an_episode_at_a_lost_life_but_not_the_game():
+    fake = FakeAtari(life_lost_at=(3,), length=6)
+    env = load_script(SCRIPT).EpisodicLife(fake)
+    env.reset()
+    assert [env.step(2)[2] for _ in range(3)] == [False, False, True]  # the life is lost at frame 3
+    env.reset()
+    assert fake.resets == 1 and fake.actions == [2, 2, 2, 0]  # a no-op step, not a reset
+    assert [env.step(2)[2] for _ in range(2)] == [False, True]  # the game ends at frame 6
+    env.reset()
+    assert fake.resets == 2
+
+
+def test_fire_reset_presses_fire_then_2():
+    fake = FakeAtari()
+    env = load_script(SCRIPT).FireReset(fake)
+    obs, _ = env.reset()
+    assert fake.actions == [1, 2] and obs[0, 0, 0] == 37 * 2
+
+
+def test_clip_reward_keeps_the_sign():
+    env = load_script(SCRIPT).ClipReward(FakeAtari(rewards={1: 5, 2: -3}))
+    env.reset()
+    assert [env.step(0)[1] for _ in range(3)] == [1.0, -1.0, 0.0]
+
+
+def test_warp_frame_is_84x84_luminance():
+    env = load_script(SCRIPT).WarpFrame(FakeAtari())
+    frame = np.zeros((210, 160, 3), dtype=np.uint8)
+    frame[:, :, 0], frame[:, :, 1], frame[:, :, 2] = 200, 100, 50
+    frame[:105] = 0  # top half black
+    warped = env.observation(frame)
+    assert warped.shape == (84, 84) and warped.dtype == np.uint8
+    assert (warped[:41] == 0).all()
+    assert (warped[43:] == round(0.299 * 200 + 0.587 * 100 + 0.114 * 50)).all()  # ITU-R 601 luma, as OpenCV
+
+
+def test_frame_stack_repeats_the_first_frame_then_shifts():
+    env = load_script(SCRIPT).FrameStack(FakeAtari())
+    obs, _ = env.reset()
+    assert obs.shape == (4, 210, 160, 3) and (obs == 0).all()
+    env.step(0)
+    obs, *_ = env.step(0)
+    assert [plane[0, 0, 0] for plane in obs] == [0, 0, 37, 74]
+
+
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_storage_rebuilds_the_stacks_the_env_returned(backend):
+    """Random play into a storage of 150 rows per env for 500 steps: every valid row still stored must give
+    back the observation before and after its step, including rows at and after episode starts."""
+    module = load_script(SCRIPT)
+    args = module.Args(env_backend=backend, num_envs=2, total_timesteps=1000, buffer_size=300)
+    envs = module.make_envs(args.env_id, args.num_envs, 3, backend)
+    rb = module.FrameReplay(args.buffer_size, args.num_envs, torch.device("cpu"))
+    player = module.Player(args, envs, lambda obs, eps: torch.randint(0, 4, (2,)), rb, torch.device("cpu"))
+    seen = [player.obs]
+    for _ in range(500):
+        player.step()
+        seen.append(player.obs)
+    steps, rows = 500, len(rb.frames)
+    assert rows < steps  # the storage wrapped around
+    stored = torch.arange(steps - 1 - rb.buffer_rows, steps - 1)  # every row that has a next frame
+    checked = 0
+    for lane in range(2):
+        valid = rb.valid[stored % rows, lane]
+        obs, next_obs = rb.stacks(stored[valid] % rows, torch.full((int(valid.sum()),), lane))
+        expected = torch.from_numpy(np.stack([seen[t][lane] for t in stored[valid]]))
+        expected_next = torch.from_numpy(np.stack([seen[t + 1][lane] for t in stored[valid]]))
+        assert torch.equal(obs, expected) and torch.equal(next_obs, expected_next)
+        checked += int(valid.sum())
+        assert (~valid).sum() >= 1 and rb.first[stored % rows, lane].sum() >= 1  # reset steps, new stacks
+    assert checked > 250
+    batch = rb.sample(steps, 64, torch.device("cpu"))
+    assert batch[0].shape == (64, 4, 84, 84) and batch[3].shape == (64, 4, 84, 84)
+    envs.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_writes_a_valid_summary(mode, workdir):
+    summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["compile"] == ("compile" in mode) and summary["async_actor"] == (mode == "async-actor")
+    assert summary["env_backend"] == ("gymnasium" if mode == "gymnasium" else "envpool")
+    assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
+    assert summary["num_updates"] == 50 and summary["inserted"] == 400
+    assert summary["replay_ratio_target"] == 8.0 and summary["replay_ratio_achieved"] == 8.0
+    assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
+    assert len(summary["eval_returns"]) == 1 and summary["eval_returns"][0] >= 0
+    assert math.isfinite(summary["final_td_loss"])
+    assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
+
+
+def test_same_seed_gives_identical_runs(workdir):
+    first, _ = run_script(SCRIPT, TINY, workdir)
+    second, _ = run_script(SCRIPT, TINY, workdir)
+    assert first["eval_returns"] == second["eval_returns"] and first["final_td_loss"] == second["final_td_loss"]
+
+
+def random_policy_scores(env_id, games, seed):
+    """True scores of whole games with uniformly random actions, on the script's own envs."""
+    envs = load_script(SCRIPT).make_envs(env_id, games, seed=seed)
+    envs.reset()
+    rng = np.random.default_rng(seed)
+    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
+    while not finished.all():
+        _, _, _, truncations, infos = envs.step(rng.integers(envs.action_space.n, size=games, dtype=np.int32))
+        scores += infos["reward"] * ~finished
+        finished |= infos["terminated"].astype(bool) | truncations
+    return scores
+
+
+@pytest.mark.learning
+def test_learns_ms_pacman_above_a_random_policy(workdir):
+    """About 4 minutes on a 2-core CPU: 40,000 steps (4 envs), 4,000 before learning, epsilon annealed over
+    10,000, CleanRL's update every 4 steps and target copy every 1,000 steps, lr 2.5e-4. Seeds 1 and 2
+    evaluated 532 and 554 (20 games at epsilon 0.05), a random policy 248. MsPacman's pellets reward every
+    few steps; Breakout at this budget learned with seed 1 (3.8 against 1.0) but not with seed 2."""
+    args = ["--env-id", "MsPacman-v5", "--total-timesteps", 40_000, "--learning-starts", 4000, "--buffer-size", 40_000,
+            "--num-envs", 4, "--exploration-fraction", 0.25, "--learning-rate", 2.5e-4, "--eval-episodes", 20,
+            "--seed", 1]
+    summary, _ = run_script(SCRIPT, args, workdir)
+    random_scores = random_policy_scores("MsPacman-v5", 30, seed=1)
+    trained = np.array(summary["eval_returns"])
+    standard_error = math.sqrt(trained.var(ddof=1) / len(trained) + random_scores.var(ddof=1) / len(random_scores))
+    assert trained.mean() >= 1.5 * random_scores.mean(), (trained, random_scores.mean())
+    assert trained.mean() - random_scores.mean() >= 3 * standard_error, (trained, random_scores)
