@@ -131,17 +131,18 @@ class ReplayBuffer:
     `i % capacity` for the i-th insert. In async mode it lives in shared memory and has `extra_rows` beyond
     buffer_size: rows the actor may write while the learner gathers a batch, so none is read half-written."""
 
-    def __init__(self, buffer_size, obs_dim, device, extra_rows=0, shared=False):
+    def __init__(self, buffer_size, obs_dim, num_envs, device, extra_rows=0, shared=False):
         self.columns = [obs_dim, 1, 1, obs_dim, 1]
-        self.rows = torch.zeros(buffer_size + extra_rows, sum(self.columns), device=device)
+        rows = math.ceil((buffer_size + extra_rows) / num_envs) * num_envs  # a step's rows never wrap around
+        self.rows = torch.zeros(rows, sum(self.columns), device=device)
         if shared:
             self.rows.share_memory_()
         self.buffer_size = buffer_size
 
     def add(self, inserted, obs, actions, rewards, next_obs, terminations):
         step = np.concatenate([obs, actions[:, None], rewards[:, None], next_obs, terminations[:, None]], 1)
-        index = torch.arange(inserted, inserted + len(step), device=self.rows.device) % len(self.rows)
-        self.rows[index] = torch.from_numpy(step).to(self.rows)
+        start = inserted % len(self.rows)
+        self.rows[start : start + len(step)] = torch.from_numpy(step).to(self.rows, non_blocking=True)
 
     def sample(self, inserted, batch_size, device):
         """A uniform batch of the newest min(inserted, buffer_size) transitions: obs, actions, rewards,
@@ -207,11 +208,9 @@ class RateLimiter:
         self._advance(2, 1)
 
 
-def policy(obs, epsilon, *, q_network):
-    """Epsilon-greedy actions, one coin per env; `q_network` is a detached view or the actor's copy."""
-    greedy = q_network(obs).argmax(-1)
-    explore = torch.rand(greedy.shape, device=obs.device) < epsilon
-    return torch.where(explore, torch.randint_like(greedy, q_network.network[-1].out_features), greedy)
+def policy(obs, *, q_network):
+    """Greedy actions; `q_network` is a detached view of the learner or the actor's copy."""
+    return q_network(obs).argmax(-1)
 
 
 def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, optimizer, gamma):
@@ -237,6 +236,16 @@ def speed_up(fn, compile, cudagraphs):
     return fn
 
 
+def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
+    """One coin per env from a host RNG: exploring envs take a random action, and the network runs only when
+    some env exploits (early in training most steps skip it). No device work decides anything on the host."""
+    actions = rng.integers(num_actions, size=len(obs))
+    exploit = rng.random(len(obs)) >= epsilon
+    if exploit.any():
+        actions[exploit] = policy_step(torch.as_tensor(obs, dtype=torch.float32).to(device, non_blocking=True)).cpu().numpy()[exploit]
+    return actions
+
+
 def epsilon_at(step, args):
     """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
@@ -250,15 +259,14 @@ class Player:
     def __init__(self, args, envs, policy_step, rb, device):
         self.args, self.envs, self.policy_step, self.rb, self.device = args, envs, policy_step, rb, device
         self.obs, _ = envs.reset(seed=args.seed)
-        self.epsilon = torch.ones((), device=device)
+        self.rng, self.num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
         self.episode_returns, self.finished = np.zeros(args.num_envs), []
         self.inserted, self.env_seconds = 0, 0.0
 
     def step(self, weights_lock=nullcontext()):
-        self.epsilon.fill_(epsilon_at(self.inserted, self.args))
-        obs = torch.from_numpy(self.obs).to(self.device, torch.float32, non_blocking=True)
+        epsilon = epsilon_at(self.inserted, self.args)
         with weights_lock:  # the actor process's: the learner writes new weights under the same lock
-            actions = self.policy_step(obs, self.epsilon).cpu().numpy()
+            actions = epsilon_greedy(self.policy_step, self.obs, epsilon, self.rng, self.num_actions, self.device)
         env_start = time.perf_counter()
         next_obs, rewards, terminations, truncations, infos = self.envs.step(actions)
         self.env_seconds += time.perf_counter() - env_start
@@ -378,14 +386,14 @@ if __name__ == "__main__":
         # While the learner gathers a batch the actor can insert at most this many transitions (then the band
         # stops it): rows beyond buffer_size keep them from overwriting anything the batch may read.
         extra_rows = math.ceil(2 * error_buffer / replay_ratio) + args.num_envs
-        rb = ReplayBuffer(args.buffer_size, obs_dim, "cpu", extra_rows, shared=True)
+        rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, "cpu", extra_rows, shared=True)
         actor_q = QNetwork(obs_dim, num_actions).requires_grad_(False).share_memory()
         actor_q.load_state_dict(q_network.state_dict())
         actor_params, weights_lock, reports = from_module(actor_q), ctx.Lock(), ctx.Queue()
         actor = ctx.Process(target=run_actor, args=(args, rb, limiter, actor_q, weights_lock, reports), daemon=True)
         actor.start()
     else:
-        rb = ReplayBuffer(args.buffer_size, obs_dim, device)
+        rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
         player = Player(args, envs, speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active), rb, device)
 
     recent_returns, num_updates, loss = deque(maxlen=20), 0, None

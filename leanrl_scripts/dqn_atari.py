@@ -375,11 +375,9 @@ class RateLimiter:
         self._advance(2, 1)
 
 
-def policy(obs, epsilon, *, q_network):
-    """Epsilon-greedy actions, one coin per env; `q_network` is a detached view or the actor's copy."""
-    greedy = q_network(obs).argmax(-1)
-    explore = torch.rand(greedy.shape, device=obs.device) < epsilon
-    return torch.where(explore, torch.randint_like(greedy, q_network.network[-1].out_features), greedy)
+def policy(obs, *, q_network):
+    """Greedy actions; `q_network` is a detached view of the learner or the actor's copy."""
+    return q_network(obs).argmax(-1)
 
 
 def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, optimizer, gamma):
@@ -405,6 +403,16 @@ def speed_up(fn, compile, cudagraphs):
     return fn
 
 
+def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
+    """One coin per env from a host RNG: exploring envs take a random action, and the network runs only when
+    some env exploits (early in training most steps skip it). No device work decides anything on the host."""
+    actions = rng.integers(num_actions, size=len(obs))
+    exploit = rng.random(len(obs)) >= epsilon
+    if exploit.any():
+        actions[exploit] = policy_step(torch.from_numpy(obs).to(device, non_blocking=True)).cpu().numpy()[exploit]
+    return actions
+
+
 def epsilon_at(step, args):
     """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
@@ -418,16 +426,15 @@ class Player:
     def __init__(self, args, envs, policy_step, rb, device):
         self.args, self.envs, self.policy_step, self.rb, self.device = args, envs, policy_step, rb, device
         self.obs, _ = envs.reset()
-        self.epsilon = torch.ones((), device=device)
+        self.rng, self.num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
         self.valid, self.first = np.ones(args.num_envs, dtype=bool), np.ones(args.num_envs, dtype=bool)
         self.episode_returns, self.finished = np.zeros(args.num_envs), []
         self.inserted, self.env_seconds = 0, 0.0
 
     def step(self, weights_lock=nullcontext()):
-        self.epsilon.fill_(epsilon_at(self.inserted, self.args))
-        obs = torch.from_numpy(self.obs).to(self.device, non_blocking=True)
+        epsilon = epsilon_at(self.inserted, self.args)
         with weights_lock:  # the actor process's: the learner writes new weights under the same lock
-            actions = self.policy_step(obs, self.epsilon).cpu().numpy()
+            actions = epsilon_greedy(self.policy_step, self.obs, epsilon, self.rng, self.num_actions, self.device)
         env_start = time.perf_counter()
         next_obs, rewards, terminations, truncations, infos = self.envs.step(actions.astype(np.int32))
         self.env_seconds += time.perf_counter() - env_start
@@ -471,16 +478,15 @@ def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
         limiter.close()  # wakes a learner waiting for transitions that will not come
 
 
-def evaluate(q_network, envs, device):
+def evaluate(q_network, envs, device, seed):
     """True score of the first whole game in each env at epsilon 0.05, the DQN paper's protocol: a greedy
     agent can stall (in Breakout, by never firing a new ball) until the time limit."""
     obs, _ = envs.reset()
-    epsilon = torch.tensor(0.05, device=device)
+    rng, num_actions = np.random.default_rng(seed), int(getattr(envs, "single_action_space", envs.action_space).n)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        with torch.no_grad():
-            actions = policy(torch.from_numpy(obs).to(device), epsilon, q_network=q_network)
-        obs, _, _, truncations, infos = envs.step(actions.cpu().numpy().astype(np.int32))
+        actions = epsilon_greedy(partial(policy, q_network=q_network), obs, 0.05, rng, num_actions, device)
+        obs, _, _, truncations, infos = envs.step(actions.astype(np.int32))
         returns += infos["reward"] * ~finished
         finished |= infos["terminated"].astype(bool) | truncations
     return returns.tolist()
@@ -676,8 +682,7 @@ if __name__ == "__main__":
     eval_returns = []
     if args.eval_episodes > 0:
         eval_envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend)
-        torch.manual_seed(args.seed)  # the exploring actions are random: a run's evaluation is reproducible
-        eval_returns = evaluate(q_view, eval_envs, device)
+        eval_returns = evaluate(q_view, eval_envs, device, seed=args.seed)
         eval_envs.close()
         writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
     if args.save_model:
