@@ -448,7 +448,7 @@ if __name__ == "__main__":
             wait_seconds = 0.0
         if args.async_actor:
             wait_start = time.perf_counter()
-            if not limiter.await_sample(args.batch_size, actor.is_alive):
+            if not limiter.await_sample(args.batch_size, lambda: actor.exitcode in (None, 0)):
                 raise ChildProcessError("the actor stopped")
             wait_seconds += time.perf_counter() - wait_start
         batch = rb.sample(inserted(), args.batch_size, device)
@@ -459,7 +459,7 @@ if __name__ == "__main__":
         if num_updates % target_every == 0:
             target_params.lerp_(online_params, args.tau)
         if args.async_actor and num_updates % args.actor_sync_every == 0:
-            if not actor.is_alive():
+            if actor.exitcode not in (None, 0):  # 0: it has played all its steps, the last updates remain
                 raise ChildProcessError("the actor stopped")
             with weights_lock:
                 actor_params.update_(online_params)

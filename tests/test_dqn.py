@@ -125,6 +125,15 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
 
 
+def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):
+    """An update per step, a band as wide as the run and 8 envs: the actor plays all its steps while the learner
+    still owes thousands of updates; it must do them, not mistake the actor's normal exit for a failure."""
+    args = ["--async-actor", "--total-timesteps", 8000, "--num-envs", 8, "--train-frequency", 1,
+            "--replay-tolerance", 10, "--actor-sync-every", 1]
+    summary, _ = run_script(SCRIPT, TINY[2:] + args, workdir)
+    assert summary["num_updates"] == 8000 - 500 and summary["replay_ratio_achieved"] == 128
+
+
 def test_same_seed_gives_identical_runs(workdir):
     first, _ = run_script(SCRIPT, TINY, workdir)
     second, _ = run_script(SCRIPT, TINY, workdir)
