@@ -8,5 +8,5 @@ case $BENCH_PROFILE in
     quick) budget=(--total-timesteps 25000) ;;
     *) budget=(--total-timesteps 60000) ;;
 esac
-run_modes dqn dqn.py "${budget[@]}" --eval-episodes 0 --seed 1
-run_modes dqn_async dqn.py "${budget[@]}" --async-actor --eval-episodes 0 --seed 1
+run_modes dqn dqn.py --env-id CartPole-v1 "${budget[@]}" --eval-episodes 0 --seed 1
+run_modes dqn_async dqn.py --env-id CartPole-v1 "${budget[@]}" --async-actor --eval-episodes 0 --seed 1

@@ -8,5 +8,5 @@ case $BENCH_PROFILE in
     quick) budget=(--total-timesteps 6000 --learning-starts 2000 --buffer-size 100000) ;;
     *) budget=(--total-timesteps 12000 --learning-starts 4000 --buffer-size 100000) ;;
 esac
-run_modes dqn_atari dqn_atari.py "${budget[@]}" --eval-episodes 0 --seed 1
-run_modes dqn_atari_async dqn_atari.py "${budget[@]}" --async-actor --eval-episodes 0 --seed 1
+run_modes dqn_atari dqn_atari.py --env-id Breakout-v5 "${budget[@]}" --eval-episodes 0 --seed 1
+run_modes dqn_atari_async dqn_atari.py --env-id Breakout-v5 "${budget[@]}" --async-actor --eval-episodes 0 --seed 1

@@ -109,7 +109,7 @@ def make_envs(env_id, num_envs, seed=0):
     except gym.error.Error as error:  # a missing package, a deprecated version, with what to do instead
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous: sac_continuous_action.py)")
+        fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
     if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
         fail(f"{env_id} has observations {envs.single_observation_space}: this script needs a flat (1-D Box) one")
     envs.action_space.seed(seed)
@@ -237,12 +237,13 @@ def speed_up(fn, compile, cudagraphs):
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG: exploring envs take a random action, and the network runs only when
-    some env exploits (early in training most steps skip it). No device work decides anything on the host."""
+    """One coin per env from a host RNG (no device sync decides anything): exploring envs take a random action,
+    and the network runs only when some env exploits (early in training most steps skip it)."""
     actions = rng.integers(num_actions, size=len(obs))
     exploit = rng.random(len(obs)) >= epsilon
     if exploit.any():
-        actions[exploit] = policy_step(torch.as_tensor(obs, dtype=torch.float32).to(device, non_blocking=True)).cpu().numpy()[exploit]
+        obs = torch.as_tensor(obs, dtype=torch.float32).to(device, non_blocking=True)
+        actions[exploit] = policy_step(obs).cpu().numpy()[exploit]
     return actions
 
 
@@ -259,7 +260,8 @@ class Player:
     def __init__(self, args, envs, policy_step, rb, device):
         self.args, self.envs, self.policy_step, self.rb, self.device = args, envs, policy_step, rb, device
         self.obs, _ = envs.reset(seed=args.seed)
-        self.rng, self.num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
+        self.rng = np.random.default_rng(args.seed)
+        self.num_actions = int(envs.single_action_space.n)
         self.episode_returns, self.finished = np.zeros(args.num_envs), []
         self.inserted, self.env_seconds = 0, 0.0
 
@@ -287,7 +289,6 @@ def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
     its finished episodes with its env time so far through `reports`; any error goes there as text."""
     try:
         torch.set_num_threads(1)  # one core plays, the others train
-        torch.manual_seed(args.seed + 1)
         envs = make_envs(args.env_id, args.num_envs, args.seed)
         policy_step = speed_up(partial(policy, q_network=actor_q), args.compile, False)
         player = Player(args, envs, policy_step, rb, torch.device("cpu"))
@@ -371,7 +372,8 @@ if __name__ == "__main__":
                                    gamma=args.gamma), args.compile, cudagraphs_active)
     # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts.
     replay_ratio = args.batch_size / args.train_frequency
-    total_updates = max(0, args.total_timesteps // args.num_envs * args.num_envs - args.learning_starts) // args.train_frequency
+    played = args.total_timesteps // args.num_envs * args.num_envs  # whole vector steps
+    total_updates = max(0, played - args.learning_starts) // args.train_frequency
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
 
     writer = SummaryWriter(run_dir)
@@ -394,7 +396,8 @@ if __name__ == "__main__":
         actor.start()
     else:
         rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
-        player = Player(args, envs, speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active), rb, device)
+        policy_step = speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active)
+        player = Player(args, envs, policy_step, rb, device)
 
     recent_returns, num_updates, loss = deque(maxlen=20), 0, None
     actor_env_seconds, actor_error, wait_seconds = 0.0, None, 0.0
@@ -469,9 +472,11 @@ if __name__ == "__main__":
             writer.add_scalar("losses/td_loss", loss_value, step)
             writer.add_scalar("losses/q_values", q_value, step)
             writer.add_scalar("charts/epsilon", epsilon_at(step, args), step)
-            writer.add_scalar("charts/replay_ratio", num_updates * args.batch_size / max(1, step - args.learning_starts), step)
+            replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
+            writer.add_scalar("charts/replay_ratio", replay_ratio_now, step)
             if steady_start_time is not None and step > steady_start_step:
-                writer.add_scalar("charts/SPS", (step - steady_start_step) / (time.perf_counter() - steady_start_time), step)
+                sps = (step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                writer.add_scalar("charts/SPS", sps, step)
             drain_reports()
 
     try:

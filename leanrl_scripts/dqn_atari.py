@@ -404,8 +404,8 @@ def speed_up(fn, compile, cudagraphs):
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG: exploring envs take a random action, and the network runs only when
-    some env exploits (early in training most steps skip it). No device work decides anything on the host."""
+    """One coin per env from a host RNG (no device sync decides anything): exploring envs take a random action,
+    and the network runs only when some env exploits (early in training most steps skip it)."""
     actions = rng.integers(num_actions, size=len(obs))
     exploit = rng.random(len(obs)) >= epsilon
     if exploit.any():
@@ -426,7 +426,8 @@ class Player:
     def __init__(self, args, envs, policy_step, rb, device):
         self.args, self.envs, self.policy_step, self.rb, self.device = args, envs, policy_step, rb, device
         self.obs, _ = envs.reset()
-        self.rng, self.num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
+        self.rng = np.random.default_rng(args.seed)
+        self.num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
         self.valid, self.first = np.ones(args.num_envs, dtype=bool), np.ones(args.num_envs, dtype=bool)
         self.episode_returns, self.finished = np.zeros(args.num_envs), []
         self.inserted, self.env_seconds = 0, 0.0
@@ -455,7 +456,6 @@ def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
     its finished episodes with its env time so far through `reports`; any error goes there as text."""
     try:
         torch.set_num_threads(1)  # one core plays, the others train
-        torch.manual_seed(args.seed + 1)
         envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
         policy_step = speed_up(partial(policy, q_network=actor_q), args.compile, False)
         player = Player(args, envs, policy_step, rb, torch.device("cpu"))
@@ -539,7 +539,8 @@ if __name__ == "__main__":
                                    gamma=args.gamma), args.compile, cudagraphs_active)
     # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts.
     replay_ratio = args.batch_size / args.train_frequency
-    total_updates = max(0, args.total_timesteps // args.num_envs * args.num_envs - args.learning_starts) // args.train_frequency
+    played = args.total_timesteps // args.num_envs * args.num_envs  # whole vector steps
+    total_updates = max(0, played - args.learning_starts) // args.train_frequency
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
 
     writer = SummaryWriter(run_dir)
@@ -563,7 +564,8 @@ if __name__ == "__main__":
         actor.start()
     else:
         rb = FrameReplay(args.buffer_size, args.num_envs, device)
-        player = Player(args, envs, speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active), rb, device)
+        policy_step = speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active)
+        player = Player(args, envs, policy_step, rb, device)
 
     recent_returns, num_updates, loss = deque(maxlen=20), 0, None
     actor_env_seconds, actor_error, wait_seconds = 0.0, None, 0.0
@@ -638,9 +640,11 @@ if __name__ == "__main__":
             writer.add_scalar("losses/td_loss", loss_value, step)
             writer.add_scalar("losses/q_values", q_value, step)
             writer.add_scalar("charts/epsilon", epsilon_at(step, args), step)
-            writer.add_scalar("charts/replay_ratio", num_updates * args.batch_size / max(1, step - args.learning_starts), step)
+            replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
+            writer.add_scalar("charts/replay_ratio", replay_ratio_now, step)
             if steady_start_time is not None and step > steady_start_step:
-                writer.add_scalar("charts/SPS", (step - steady_start_step) / (time.perf_counter() - steady_start_time), step)
+                sps = (step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                writer.add_scalar("charts/SPS", sps, step)
             drain_reports()
 
     try:
