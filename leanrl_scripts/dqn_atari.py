@@ -404,13 +404,13 @@ def speed_up(fn, compile, cudagraphs):
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG (no device sync decides anything): exploring envs take a random action,
-    and the network runs only when some env exploits (early in training most steps skip it)."""
-    actions = rng.integers(num_actions, size=len(obs))
+    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
+    exploits (early in training most steps skip it), random actions are drawn only when some env explores."""
     exploit = rng.random(len(obs)) >= epsilon
-    if exploit.any():
-        actions[exploit] = policy_step(torch.from_numpy(obs).to(device, non_blocking=True)).cpu().numpy()[exploit]
-    return actions
+    if not exploit.any():
+        return rng.integers(num_actions, size=len(obs))
+    greedy = policy_step(torch.from_numpy(obs).to(device, non_blocking=True)).cpu().numpy()
+    return greedy if exploit.all() else np.where(exploit, greedy, rng.integers(num_actions, size=len(obs)))
 
 
 def epsilon_at(step, args):
