@@ -19,8 +19,9 @@ SCRIPT = "dqn.py"
 # CartPole: 1,000 steps, 500 of them before learning, one update per 10 steps (50 updates, 5 of them warm-up).
 TINY = ["--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000, "--measure-burnin", 5,
         "--eval-episodes", 2]
+# compile+cudagraphs runs in the run.sh smoke test (tests/test_benchmarks.py); without CUDA it is the compile path.
 MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-         "compile+cudagraphs": ["--compile", "--cudagraphs"], "async-actor": ["--async-actor"],
+         "async-actor": ["--async-actor"],
          "2-envs-5-steps-per-update": ["--num-envs", 2, "--steps-per-update", 5]}
 
 

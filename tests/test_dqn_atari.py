@@ -16,8 +16,9 @@ SCRIPT = "dqn_atari.py"
 # 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
 TINY = ["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
         "--measure-burnin", 5, "--eval-episodes", 1]
+# compile+cudagraphs runs in the run.sh smoke test (tests/test_benchmarks.py); without CUDA it is the compile path.
 MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-         "compile+cudagraphs": ["--compile", "--cudagraphs"], "async-actor": ["--async-actor"],
+         "async-actor": ["--async-actor"],
          "gymnasium": ["--env-backend", "gymnasium"]}
 
 

@@ -143,12 +143,13 @@ def random_policy_scores(script, env_id, games, seed):
 
 
 @pytest.mark.learning
-@pytest.mark.parametrize("mode", ["sync", "envpool-async"])
-def test_learns_breakout_well_above_a_random_policy(mode, workdir):
+def test_learns_breakout_well_above_a_random_policy(workdir):
     """About 3 minutes on a 2-core CPU: 98,304 steps with CleanRL's settings except 8 minibatches and a doubled
-    learning rate (twice the gradient steps on the same samples). Seeds 1-3 evaluated 5-6 (20 games)."""
+    learning rate (twice the gradient steps on the same samples). Seeds 1-3 evaluated 5-6 (20 games). The
+    `--envpool-async` mode runs the same update on differently ordered steps: it is checked by the mode test,
+    not by a second 3-minute learning run (CI's time budget)."""
     args = ["--total-timesteps", 98_304, "--num-minibatches", 8, "--learning-rate", 5e-4, "--eval-episodes", 20,
-            "--seed", 1] + (["--envpool-async"] if mode == "envpool-async" else [])
+            "--seed", 1]
     summary, _ = run_script(SCRIPT, args, workdir)
     random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
     trained = np.array(summary["eval_returns"])
