@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -320,19 +320,34 @@ class FrameReplay:
         return frames[:, :-1], frames[:, 1:]
 
 
+@contextmanager
+def held(lock, other_alive):
+    """`lock` (the actor's weights), checking every second while waiting for it that the other process lives:
+    a process killed while holding a lock never releases it."""
+    while not lock.acquire(timeout=1.0):
+        if not other_alive():
+            raise ChildProcessError("the other side of the replay storage stopped")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class RateLimiter:
     """Reverb's SampleToInsertRatio across processes: with diff = inserts x samples_per_insert - samples, an
     insert waits while it would push diff above min_size x spi + error_buffer, a sample waits until
-    min_size transitions are in and while it would pull diff below min_size x spi - error_buffer. Both sides
-    sleep on one condition variable and are woken by the other's progress; the one-second timeout only
-    checks that the other side is alive. Counters live in shared memory, each side updates its own."""
+    min_size transitions are in and while it would pull diff below min_size x spi - error_buffer.
+    Each counter has one writer (inserts: the actor, samples: the learner), so no mutex guards them: a waiting
+    side sleeps on a semaphore that the other side posts after each step and re-checks its condition (a
+    condition variable without the mutex, so a process killed mid-step never leaves a lock held); the
+    one-second timeout only checks that the other side is alive."""
 
     def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
         self.spi, self.min_size = samples_per_insert, min_size
         self.min_diff = min_size * samples_per_insert - error_buffer
         self.max_diff = min_size * samples_per_insert + error_buffer
         self.counts = ctx.RawArray("q", 3)  # inserts, samples, closed
-        self.cond = ctx.Condition()
+        self.insert_posted, self.sample_posted = ctx.Semaphore(0), ctx.Semaphore(0)
 
     @property
     def inserts(self):
@@ -342,37 +357,36 @@ class RateLimiter:
     def samples(self):
         return self.counts[1]
 
-    def _wait(self, ready, other_alive):
+    def _wait(self, ready, posted, other_alive):
         """True once `ready()`; False if the limiter is closed first (the run ends or the other side failed)."""
-        with self.cond:
-            while not ready():
-                if self.counts[2]:
-                    return False
-                if not self.cond.wait(timeout=1.0) and not other_alive():
-                    raise ChildProcessError("the other side of the replay storage stopped")
-            return True
+        while not ready():
+            if self.counts[2]:
+                return False
+            if not posted.acquire(timeout=1.0) and not other_alive():
+                raise ChildProcessError("the other side of the replay storage stopped")
+        return True
 
     def await_insert(self, n, other_alive=lambda: True):
         return self._wait(lambda: not self.counts[2] and (self.inserts + n) * self.spi - self.samples <= self.max_diff,
-                          other_alive)
+                          self.sample_posted, other_alive)
 
     def await_sample(self, n, other_alive=lambda: True):
         return self._wait(lambda: self.inserts >= self.min_size
-                          and self.inserts * self.spi - self.samples - n >= self.min_diff, other_alive)
-
-    def _advance(self, which, n):
-        with self.cond:
-            self.counts[which] += n
-            self.cond.notify_all()
+                          and self.inserts * self.spi - self.samples - n >= self.min_diff,
+                          self.insert_posted, other_alive)
 
     def inserted(self, n):
-        self._advance(0, n)
+        self.counts[0] += n
+        self.insert_posted.release()
 
     def sampled(self, n):
-        self._advance(1, n)
+        self.counts[1] += n
+        self.sample_posted.release()
 
     def close(self):
-        self._advance(2, 1)
+        self.counts[2] = 1
+        self.insert_posted.release()
+        self.sample_posted.release()
 
 
 def policy(obs, *, q_network):
@@ -432,9 +446,9 @@ class Player:
         self.episode_returns, self.finished = np.zeros(args.num_envs), []
         self.inserted, self.env_seconds = 0, 0.0
 
-    def step(self, weights_lock=nullcontext()):
+    def step(self, hold_weights=nullcontext):
         epsilon = epsilon_at(self.inserted, self.args)
-        with weights_lock:  # the actor process's: the learner writes new weights under the same lock
+        with hold_weights():  # the actor process's lock: the learner writes new weights under it
             actions = epsilon_greedy(self.policy_step, self.obs, epsilon, self.rng, self.num_actions, self.device)
         env_start = time.perf_counter()
         next_obs, rewards, terminations, truncations, infos = self.envs.step(actions.astype(np.int32))
@@ -460,10 +474,11 @@ def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
         policy_step = speed_up(partial(policy, q_network=actor_q), args.compile, False)
         player = Player(args, envs, policy_step, rb, torch.device("cpu"))
         parent = os.getppid()
+        parent_alive = lambda: os.getppid() == parent  # noqa: E731
         for _ in range(args.total_timesteps // args.num_envs):
-            if not limiter.await_insert(args.num_envs, lambda: os.getppid() == parent):
+            if not limiter.await_insert(args.num_envs, parent_alive):
                 break
-            player.step(weights_lock)
+            player.step(partial(held, weights_lock, parent_alive))
             limiter.inserted(args.num_envs)
             if player.finished:
                 reports.put(("progress", player.finished, player.env_seconds))
@@ -571,6 +586,9 @@ if __name__ == "__main__":
     actor_env_seconds, actor_error, wait_seconds = 0.0, None, 0.0
     steady_start_time = steady_start_step = None
 
+    def actor_ok():
+        return actor.exitcode in (None, 0)  # 0: it has played all its steps, the updates it is owed remain
+
     def inserted():
         return limiter.inserts if args.async_actor else player.inserted
 
@@ -619,7 +637,7 @@ if __name__ == "__main__":
             wait_seconds = 0.0
         if args.async_actor:
             wait_start = time.perf_counter()
-            if not limiter.await_sample(args.batch_size, lambda: actor.exitcode in (None, 0)):
+            if not limiter.await_sample(args.batch_size, actor_ok):
                 raise ChildProcessError("the actor stopped")
             wait_seconds += time.perf_counter() - wait_start
         batch = rb.sample(inserted() // args.num_envs, args.batch_size, device)
@@ -630,9 +648,9 @@ if __name__ == "__main__":
         if num_updates % target_every == 0:
             target_params.lerp_(online_params, args.tau)
         if args.async_actor and num_updates % args.actor_sync_every == 0:
-            if actor.exitcode not in (None, 0):  # 0: it has played all its steps, the last updates remain
+            if not actor_ok():
                 raise ChildProcessError("the actor stopped")
-            with weights_lock:
+            with held(weights_lock, actor_ok):
                 actor_params.update_(online_params)
         if num_updates % LOG_EVERY == 0:
             loss_value, q_value = torch.stack([loss, q_values]).tolist()  # one sync per LOG_EVERY updates
