@@ -1,0 +1,527 @@
+"""IMPALA (Espeholt et al. 2018) with V-trace, and LASER's replay (Schmitt et al. 2019), actors on Ray, one file.
+
+Ray actors step their envs with a CPU copy of the policy and send unrolls; the learner (on the GPU if there is one)
+runs one forward-backward per sample, where PPO runs several epochs, and V-trace corrects for the policy lag that
+buys. Each actor has a second unroll queued, so it never waits for the learner beyond fetching weights. The same
+command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto); only the learner update is compiled.
+    python leanrl_scripts/impala_ray.py --env-id Breakout-v5 --num-actors 4 --compile
+"""
+
+import json
+import os
+import random
+import resource
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from tensordict.nn import CudaGraphModule
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA for the learner when it is available"""
+    env_id: str = "Breakout-v5"
+    """an envpool Atari game (Breakout-v5: CNN) or a gymnasium id with flat observations (CartPole-v1: MLP)"""
+    total_timesteps: int = 10_000_000
+    """fresh environment steps the learner trains on, all actors together"""
+    ray_address: str = ""
+    """empty: start a local Ray instance; "auto": join the cluster this machine is part of; or host:port"""
+    num_actors: int = 2
+    """the number of Ray actors"""
+    envs_per_actor: int = 8
+    """the environments each actor steps as one batch"""
+    unroll_length: int = 20
+    """steps per unroll (each unroll also carries the observation after its last step)"""
+    batch_size: int = 32
+    """unrolls (one env's trajectory each) per learner update, replayed ones included"""
+    broadcast_every: int = 1
+    """publish the learner's weights to the actors every this many updates"""
+    resnet: bool = False
+    """Atari: IMPALA's 15-layer residual network instead of the Nature CNN"""
+    learning_rate: float = 6e-4
+    """the learning rate of Adam"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    rho_clip: float = 1.0
+    """V-trace: clip of the importance weights in the value targets (rho bar)"""
+    pg_rho_clip: float = 1.0
+    """V-trace: clip of the importance weights in the policy gradient"""
+    c_clip: float = 1.0
+    """V-trace: clip of the trace-cutting coefficients (c bar)"""
+    replay_ratio: float = 0.0
+    """LASER: the fraction of each batch replayed from recent unrolls (0: no replay, on-policy IMPALA)"""
+    replay_size: int = 1000
+    """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
+    compile: bool = False
+    """wrap the learner update in torch.compile"""
+    cudagraphs: bool = False
+    """wrap the learner update in a CUDA graph (tensordict's CudaGraphModule)"""
+    measure_burnin: int = 3
+    """learner updates that the speed figure leaves out (actor start-up, compilation, graph capture)"""
+    eval_episodes: int = 10
+    """evaluation episodes at the end of the run (whole games, sampled actions)"""
+    save_model: bool = False
+    """save a checkpoint to runs/<run_name>/model.pt at the end"""
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def env_kind(env_id):
+    """'atari' for an envpool Atari game, 'classic' for a gymnasium env with flat observations and discrete actions."""
+    try:
+        import envpool  # only the Atari games need it
+
+        if env_id in envpool.list_all_envs() and type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec":
+            return "atari"
+    except ImportError:
+        pass
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as error:
+        fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) ({error})")
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
+    if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
+        fail(f"{env_id} has observations {env.observation_space}: give Atari games by their envpool id (Breakout-v5)")
+    return "classic"
+
+
+def make_envs(env_id, num_envs, seed=0, training=True):
+    """Atari: envpool's preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames); training envs end an
+    episode at each lost life and clip rewards, info["reward"] and info["terminated"] keep the true game.
+    Classic control: a gymnasium vector env that resets in the step that ends an episode."""
+    if env_kind(env_id) == "atari":
+        import envpool
+
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, episodic_life=training,
+                            reward_clip=training, seed=seed)
+    envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=seed)  # later resets continue this seeded stream
+    return envs
+
+
+def spaces(envs):
+    """One env's observation shape and number of actions: envpool's spaces are one env's, gymnasium's batched."""
+    obs_space = getattr(envs, "single_observation_space", envs.observation_space)
+    return obs_space.shape, int(getattr(envs, "single_action_space", envs.action_space).n)
+
+
+def game_over(infos, terminations, truncations):
+    """The end of a whole game: envpool's Atari envs end an episode at each lost life, info["terminated"] at the last."""
+    return np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+def conv_sequence(in_channels, out_channels):
+    """One of IMPALA's three stages: a convolution, a stride-2 max-pool, two residual blocks."""
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                         ResidualBlock(out_channels), ResidualBlock(out_channels))
+
+
+class Agent(nn.Module):
+    """A torso (Nature CNN, IMPALA's ResNet, or a 64-64 MLP for flat observations) with a policy and a value head."""
+
+    def __init__(self, obs_shape, num_actions, resnet=False):
+        super().__init__()
+        self.pixels = len(obs_shape) == 3
+        if not self.pixels:  # two torsos: on small problems the value loss's gradients swamp a shared one
+            self.torso = nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
+            self.value_torso = nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
+        elif resnet:
+            self.torso = nn.Sequential(conv_sequence(obs_shape[0], 16), conv_sequence(16, 32), conv_sequence(32, 32),
+                                       nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
+        else:
+            self.torso = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+                nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+        if self.pixels:  # mkldnn's channels-last convolutions are about twice as fast on CPU
+            self.torso = self.torso.to(memory_format=torch.channels_last)
+        features = self.torso[-2].out_features
+        self.policy_head = layer_init(nn.Linear(features, num_actions), std=0.01)
+        self.value_head = layer_init(nn.Linear(features, 1), std=1.0)
+
+    def forward(self, obs):
+        if self.pixels:
+            obs = obs.contiguous(memory_format=torch.channels_last) / 255.0
+        hidden = self.torso(obs)
+        value_hidden = hidden if self.pixels else self.value_torso(obs)
+        return self.policy_head(hidden), self.value_head(value_hidden).squeeze(-1)
+
+
+class UnrollActor:
+    """A Ray actor: its own envs and a CPU copy of the policy; each call returns one unroll of every env."""
+
+    def __init__(self, args, actor_index):
+        torch.set_num_threads(1)  # actors share the machine with each other and with the learner
+        torch.manual_seed(args.seed + 1000 * actor_index)
+        self.envs = make_envs(args.env_id, args.envs_per_actor, seed=args.seed + 1000 * actor_index)
+        self.agent = Agent(*spaces(self.envs), args.resnet)
+        self.agent.requires_grad_(False)
+        self.unroll_length, self.version = args.unroll_length, -1
+        self.obs = self.envs.reset()[0]
+        self.episode_returns = np.zeros(args.envs_per_actor)
+
+    def unroll(self, weights, version):
+        """Returns the unroll (observations 0..T, actions, behaviour logits, rewards, dones, numpy arrays), the
+        weights' version that acted, finished games' true scores and the seconds spent (all, and in the envs)."""
+        start, env_seconds, finished = time.perf_counter(), 0.0, []
+        if version != self.version:
+            self.agent.load_state_dict(weights)
+            self.version = version
+        T, num_envs = self.unroll_length, len(self.obs)
+        obs = np.empty((T + 1, *self.obs.shape), dtype=self.obs.dtype)
+        actions, rewards, dones = np.empty((T, num_envs), np.int64), np.empty((T, num_envs), np.float32), np.empty((T, num_envs), np.float32)
+        logits = np.empty((T, num_envs, self.agent.policy_head.out_features), np.float32)
+        for t in range(T):
+            obs[t] = self.obs
+            step_logits = self.agent(torch.from_numpy(self.obs))[0]
+            logits[t] = step_logits.numpy()
+            actions[t] = (step_logits - torch.empty_like(step_logits).exponential_().log()).argmax(-1).numpy()  # Gumbel-max
+            env_start = time.perf_counter()
+            self.obs, rewards[t], terminations, truncations, infos = self.envs.step(actions[t])
+            env_seconds += time.perf_counter() - env_start
+            dones[t] = terminations | truncations
+            self.episode_returns += infos.get("reward", rewards[t])
+            for env in np.flatnonzero(game_over(infos, terminations, truncations)):
+                finished.append(float(self.episode_returns[env]))
+                self.episode_returns[env] = 0.0
+        obs[T] = self.obs
+        return {"unroll": (obs, actions, logits, rewards, dones), "version": self.version, "returns": finished,
+                "seconds": time.perf_counter() - start, "env_seconds": env_seconds}
+
+
+def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.0, pg_rho_clip=1.0, c_clip=1.0):
+    """V-trace targets vs_t and policy-gradient advantages (Espeholt et al. 2018, eq. 1 and section 4.2).
+    Shapes (T, B), bootstrap_value (B,); discounts are gamma, or 0 where an episode ended.
+    vs_t - V_t = rho_t delta_t + gamma_t c_t (vs_{t+1} - V_{t+1}) is a linear recurrence, run as a log-depth scan:
+    after the round with offset s, each entry sums the next 2s terms, so log2(T) rounds cover the unroll."""
+    rhos = log_rhos.exp()
+    next_values = torch.cat([values[1:], bootstrap_value[None]])
+    corrections = rhos.clamp(max=rho_clip) * (rewards + discounts * next_values - values)
+    coeffs = discounts * rhos.clamp(max=c_clip)
+    offset = 1
+    while offset < len(corrections):
+        corrections = torch.cat([corrections[:-offset] + coeffs[:-offset] * corrections[offset:], corrections[-offset:]])
+        coeffs = torch.cat([coeffs[:-offset] * coeffs[offset:], coeffs[-offset:]])
+        offset *= 2
+    vs = values + corrections
+    next_vs = torch.cat([vs[1:], bootstrap_value[None]])
+    return vs, rhos.clamp(max=pg_rho_clip) * (rewards + discounts * next_vs - values)
+
+
+def update(obs, actions, behaviour_logits, rewards, dones, *, agent, optimizer, args):
+    """One IMPALA step on a batch of unrolls: obs (T + 1, B, ...), the rest (T, B, ...). Metrics stay on the device."""
+    T, B = actions.shape
+    logits, values = agent(obs.flatten(0, 1))
+    values = values.view(T + 1, B)
+    log_probs = logits.view(T + 1, B, -1)[:-1].log_softmax(-1)
+    action_log_probs = log_probs.gather(-1, actions[..., None]).squeeze(-1)
+    behaviour_log_probs = behaviour_logits.log_softmax(-1).gather(-1, actions[..., None]).squeeze(-1)
+    with torch.no_grad():
+        log_rhos = action_log_probs - behaviour_log_probs
+        vs, pg_advantages = vtrace(log_rhos, args.gamma * (1.0 - dones), rewards, values[:-1], values[-1],
+                                   rho_clip=args.rho_clip, pg_rho_clip=args.pg_rho_clip, c_clip=args.c_clip)
+    pg_loss = -(pg_advantages * action_log_probs).mean()
+    value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
+    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+    loss = pg_loss + args.vf_coef * value_loss - args.ent_coef * entropy
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"policy_loss": pg_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
+            "grad_norm": grad_norm.detach(), "mean_rho": log_rhos.exp().mean()}
+
+
+class UnrollReplay:
+    """LASER's replay: a ring of the most recent unrolls on the learner's device, sampled uniformly.
+    Costs replay_size x (T + 1) observations of memory: 1000 Atari unrolls of 20 steps take 0.6 GB."""
+
+    def __init__(self, capacity, batch, device):
+        self.storage = [torch.zeros((t.shape[0], capacity, *t.shape[2:]), dtype=t.dtype, device=device) for t in batch]
+        self.capacity, self.size, self.cursor = capacity, 0, 0
+
+    def add(self, batch):
+        slots = (self.cursor + torch.arange(batch[0].shape[1], device=batch[0].device)) % self.capacity
+        for stored, fresh in zip(self.storage, batch):
+            stored[:, slots] = fresh
+        self.cursor = (self.cursor + len(slots)) % self.capacity
+        self.size = min(self.size + len(slots), self.capacity)
+
+    def sample(self, n, generator):
+        index = torch.randint(self.size, (n,), device=self.storage[0].device, generator=generator)
+        return [stored[:, index] for stored in self.storage]
+
+
+def speed_up(fn, compile, cudagraphs):
+    """torch.compile fuses the update's kernels; a CUDA graph then replays all its launches at once (inputs are
+    copied into static buffers, outputs cloned)."""
+    if compile:
+        fn = torch.compile(fn)
+    if cudagraphs:
+        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
+    return fn
+
+
+def connect(address, num_actors):
+    """Start a local Ray instance, or join a cluster. A wrong address would make ray.init retry for minutes: probe it."""
+    if address not in ("", "auto"):
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as error:
+            fail(f"cannot reach a Ray cluster at --ray-address {address} ({error})")
+    try:  # a local instance gets a CPU per actor even on a smaller machine: the actors then share the cores
+        ray.init(address=address or None, num_cpus=None if address else max(os.cpu_count(), num_actors),
+                 include_dashboard=False, logging_level="ERROR")
+    except ConnectionError as error:
+        fail(f"--ray-address {address}: {error}")
+
+
+def evaluate(agent, envs, device):
+    """True score of the first whole game in each env, actions sampled from the policy."""
+    obs, _ = envs.reset()
+    returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
+    while not finished.all():
+        with torch.no_grad():
+            logits = agent(torch.as_tensor(obs, device=device))[0]
+        actions = torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
+        obs, rewards, terminations, truncations, infos = envs.step(actions)
+        returns += infos.get("reward", rewards) * ~finished
+        finished |= game_over(infos, terminations, truncations)
+    return returns.tolist()
+
+
+def write_atomic(path, write):
+    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
+    with open(path + ".tmp", "wb") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    start_time = time.perf_counter()
+    for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive")
+    if not 0.0 <= args.replay_ratio < 1.0:
+        fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
+    num_replayed = round(args.batch_size * args.replay_ratio)
+    num_fresh = args.batch_size - num_replayed
+    if num_fresh % args.envs_per_actor:
+        fail(f"each batch takes whole actor calls: its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio)) "
+             f"must be a multiple of --envs-per-actor {args.envs_per_actor}")
+    kind = env_kind(args.env_id)
+    if args.resnet and kind != "atari":
+        fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    cudagraphs_active = args.cudagraphs and device.type == "cuda"
+    if args.cudagraphs and not cudagraphs_active:
+        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    replay_generator = torch.Generator(device).manual_seed(args.seed)
+
+    probe = make_envs(args.env_id, 1)
+    obs_shape, num_actions = spaces(probe)
+    probe.close()
+    agent = Agent(obs_shape, num_actions, args.resnet).to(device)
+    learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
+    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile, cudagraphs_active)
+
+    connect(args.ray_address, args.num_actors)
+    # An actor that dies (a crash, a lost node) is restarted by Ray; its calls in flight fail and are counted as lost.
+    remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(UnrollActor)
+    actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
+    weights = ray.put({k: v.cpu() for k, v in agent.state_dict().items()})
+    weights_version, num_updates = 0, 0
+    pending, next_call = {}, 0  # in-flight call -> (actor, call number)
+    death_call = [-1] * args.num_actors  # the last call sent to an actor before its latest death was seen
+    deaths_in_a_row = [0] * args.num_actors
+
+    def call(actor_index):
+        global next_call
+        pending[actors[actor_index].unroll.remote(weights, weights_version)] = (actor_index, next_call)
+        next_call += 1
+
+    for index in range(args.num_actors):  # two calls each: the second is queued, so the actor never idles
+        call(index)
+        call(index)
+
+    # Fresh unrolls are gathered column by column in host memory (pinned on CUDA), then sent to the device at once.
+    T, E, calls_per_batch = args.unroll_length, args.envs_per_actor, num_fresh // args.envs_per_actor
+    pin = device.type == "cuda"
+    staging = [torch.empty((T + 1, num_fresh, *obs_shape), dtype=torch.uint8 if agent.pixels else torch.float32, pin_memory=pin),
+               torch.empty((T, num_fresh), dtype=torch.long, pin_memory=pin), torch.empty((T, num_fresh, num_actions), pin_memory=pin),
+               torch.empty((T, num_fresh), pin_memory=pin), torch.empty((T, num_fresh), pin_memory=pin)]
+    staging_np = [t.numpy() for t in staging]
+    replay = UnrollReplay(args.replay_size, staging, device) if num_replayed else None
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    recent_returns, metrics = deque(maxlen=20), {}
+    global_step = actor_steps = actor_restarts = unrolls_lost = 0
+    learner_wait = actor_busy = actor_env_seconds = 0.0
+    lags = []
+    steady_start_time = steady_start_step = None
+    while global_step < args.total_timesteps:
+        if num_updates == args.measure_burnin:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            steady_start_time, steady_start_step = time.perf_counter(), global_step
+            learner_wait = actor_busy = actor_env_seconds = actor_steps = 0
+        filled = 0
+        while filled < calls_per_batch:
+            wait_start = time.perf_counter()
+            (ready,), _ = ray.wait(list(pending), num_returns=1)
+            learner_wait += time.perf_counter() - wait_start
+            actor_index, call_number = pending.pop(ready)
+            try:
+                result = ray.get(ready)
+            except ray.exceptions.RayActorError as error:  # the actor died: Ray restarts it, we lose this call
+                unrolls_lost += E
+                if call_number > death_call[actor_index]:  # the first failed call of this death
+                    actor_restarts += 1
+                    deaths_in_a_row[actor_index] += 1
+                    death_call[actor_index] = next_call - 1
+                    print(f"warning: actor {actor_index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
+                if deaths_in_a_row[actor_index] > 3:
+                    print(f"error: actor {actor_index} died 4 times without finishing an unroll: {error}", file=sys.stderr)
+                    sys.exit(1)
+                call(actor_index)
+                continue
+            except ray.exceptions.RayTaskError as error:  # an exception in the actor's code: a bug, not a crash
+                print(f"error: actor {actor_index} failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
+                sys.exit(1)
+            deaths_in_a_row[actor_index] = 0
+            call(actor_index)
+            for stage, part in zip(staging_np, result["unroll"]):
+                stage[:, filled * E : (filled + 1) * E] = part
+            filled += 1
+            lags.append(num_updates - result["version"])
+            actor_steps, actor_busy, actor_env_seconds = actor_steps + T * E, actor_busy + result["seconds"], actor_env_seconds + result["env_seconds"]
+            global_step += T * E
+            for episode_return in result["returns"]:
+                recent_returns.append(episode_return)
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+
+        if args.anneal_lr:
+            learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
+        # Reusing the staging buffers is safe: the metrics' .tolist() below waits for the update, hence the copy.
+        batch = [t.to(device, non_blocking=True) for t in staging]
+        if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
+            replay.add(batch)
+            batch = [torch.cat([fresh, replayed], 1) for fresh, replayed in zip(batch, replay.sample(num_replayed, replay_generator))]
+        metrics = update_step(*batch)
+        num_updates += 1
+        if num_updates % args.broadcast_every == 0:  # the actors' next calls fetch these through the object store
+            weights, weights_version = ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates
+
+        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per update
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/policy_lag", lags[-1], global_step)
+        if steady_start_time is not None and global_step > steady_start_step:
+            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    end_time = time.perf_counter()
+    ray.shutdown()
+    if steady_start_time is None:  # the run ended before the steady phase began
+        steady_start_time, steady_start_step = end_time, global_step
+    steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
+
+    eval_returns = []
+    if args.eval_episodes > 0:
+        eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
+        torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
+        eval_returns = evaluate(agent, eval_envs, device)
+        eval_envs.close()
+        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+    if args.save_model:
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args), "agent": agent.state_dict()}
+        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+
+    summary = {
+        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed,
+        "num_envs": args.num_actors * args.envs_per_actor, "total_timesteps": args.total_timesteps, "mode": mode,
+        "compile": args.compile, "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active,
+        "device": str(device), "torch_version": torch.__version__,
+        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
+        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
+        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
+        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # per actor: the wall time each actor spent stepping its envs in the steady phase
+        "env_seconds": actor_env_seconds / args.num_actors,
+        "num_actors": args.num_actors, "envs_per_actor": args.envs_per_actor, "replay_ratio": args.replay_ratio,
+        "ray_address": args.ray_address or "local", "num_updates": num_updates,
+        "learner_updates_per_second": (num_updates - min(num_updates, args.measure_burnin)) / steady_seconds if steady_steps > 0 else None,
+        "learner_wait_seconds": learner_wait,
+        # what the actors would produce if they never waited: their steps over the time their calls took
+        "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
+        "policy_lag_mean": float(np.mean(lags)), "policy_lag_max": int(np.max(lags)),
+        "actor_restarts": actor_restarts, "unrolls_lost": unrolls_lost,
+        "final_metrics": {k: v.item() for k, v in metrics.items()},
+    }
+    if device.type == "cuda":
+        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    writer.close()
+    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    print("SPEED " + json.dumps(summary))
