@@ -49,14 +49,18 @@ def table(name, runs):
     if replay:
         lines[-2] += " replay ratio achieved / target |"
         lines[-1] += " ---: |"
+    actors = "actor_sps" in first  # IMPALA: the actors' own ceiling, and how stale the data was
+    if actors:
+        lines[-2] += " actors x envs | replayed | actor SPS | policy lag mean / max |"
+        lines[-1] += " ---: | ---: | ---: | ---: |"
     for mode in modes:
         run = runs[mode]
         sps = run["sps"]
         learner_seconds = run["steady_seconds"] - run["env_seconds"]
-        if run.get("async_actor"):  # the envs run in the actor process: the learner's bound is its busy time
+        if run.get("async_actor") or actors:  # the envs run in actor processes: the learner's bound is its busy time
             learner_seconds = run["steady_seconds"] - run["learner_wait_seconds"]
         learner_bound = run["steady_steps"] / learner_seconds if run["steady_steps"] and learner_seconds > 0 else None
-        ceiling = min((c for c in (env_only, learner_bound) if c), default=None)
+        ceiling = min((c for c in (env_only, learner_bound, run.get("actor_sps")) if c), default=None)
         label = mode + (" (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else "")
         lines.append(
             f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps if sps and eager_sps else None, '.2f')}x "
@@ -64,6 +68,8 @@ def table(name, runs):
             f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} |"
             + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
             + (f" {run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f} |" if replay else "")
+            + (f" {run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} | {fmt(run['actor_sps'])} "
+               f"| {run['policy_lag_mean']:.1f} / {run['policy_lag_max']} |" if actors else "")
         )
     return "\n".join(lines)
 

@@ -11,11 +11,11 @@ RESULTS_DIR=${RESULTS_DIR:-$ROOT/benchmarks/results/$(machine_tag)}
 mkdir -p "$RESULTS_DIR"
 
 # run_modes NAME SCRIPT ARGS...: one run per mode, its summary saved as RESULTS_DIR/NAME__MODE.json,
-# then the env-only ceiling as RESULTS_DIR/NAME__env_only.json.
+# then the env-only ceiling as RESULTS_DIR/NAME__env_only.json. MODES="eager" (say) runs fewer modes.
 run_modes() {
     local name=$1 script=$2; shift 2
     local workdir; workdir=$(mktemp -d)
-    for mode in eager compile cudagraphs compile+cudagraphs; do
+    for mode in ${MODES:-eager compile cudagraphs compile+cudagraphs}; do
         local flags=()
         [[ $mode == *compile* ]] && flags+=(--compile)
         [[ $mode == *cudagraphs* ]] && flags+=(--cudagraphs)

@@ -63,6 +63,9 @@ class Args:
     """anneal the learning rate linearly to 0 over the run"""
     gamma: float = 0.99
     """the discount factor gamma"""
+    norm_adv: bool = True
+    """normalize the policy-gradient advantages over each batch (PPO's trick, not the paper's: on CartPole it turned
+    runs that swung between 200 and 500 into ones that stay near 500)"""
     ent_coef: float = 0.01
     """coefficient of the entropy bonus"""
     vf_coef: float = 0.5
@@ -77,6 +80,8 @@ class Args:
     """V-trace: clip of the trace-cutting coefficients (c bar)"""
     replay_ratio: float = 0.0
     """LASER: the fraction of each batch replayed from recent unrolls (0: no replay, on-policy IMPALA)"""
+    trust_region: float = 0.02
+    """LASER: unrolls whose behaviour policy is further than this mean KL from the current one give no policy gradient"""
     replay_size: int = 1000
     """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
     compile: bool = False
@@ -86,7 +91,7 @@ class Args:
     measure_burnin: int = 3
     """learner updates that the speed figure leaves out (actor start-up, compilation, graph capture)"""
     eval_episodes: int = 10
-    """evaluation episodes at the end of the run (whole games, sampled actions)"""
+    """evaluation episodes at the end of the run (whole games; greedy actions, sampled ones on Atari)"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
 
@@ -204,7 +209,7 @@ class UnrollActor:
         self.envs = make_envs(args.env_id, args.envs_per_actor, seed=args.seed + 1000 * actor_index)
         self.agent = Agent(*spaces(self.envs), args.resnet)
         self.agent.requires_grad_(False)
-        self.unroll_length, self.version = args.unroll_length, -1
+        self.unroll_length, self.gamma, self.version = args.unroll_length, args.gamma, -1
         self.obs = self.envs.reset()[0]
         self.episode_returns = np.zeros(args.envs_per_actor)
 
@@ -232,6 +237,10 @@ class UnrollActor:
             for env in np.flatnonzero(game_over(infos, terminations, truncations)):
                 finished.append(float(self.episode_returns[env]))
                 self.episode_returns[env] = 0.0
+            cut = truncations & ~terminations  # a time limit: the episode could have gone on, so bootstrap from its
+            if cut.any() and "final_obs" in infos:  # last state (gymnasium only; envpool's Atari limit is 27k steps)
+                final_obs = torch.from_numpy(np.stack(infos["final_obs"][cut]))
+                rewards[t, cut] += self.gamma * self.agent(final_obs)[1].numpy()
         obs[T] = self.obs
         return {"unroll": (obs, actions, logits, rewards, dones), "version": self.version, "returns": finished,
                 "seconds": time.perf_counter() - start, "env_seconds": env_seconds}
@@ -263,12 +272,19 @@ def update(obs, actions, behaviour_logits, rewards, dones, *, agent, optimizer, 
     values = values.view(T + 1, B)
     log_probs = logits.view(T + 1, B, -1)[:-1].log_softmax(-1)
     action_log_probs = log_probs.gather(-1, actions[..., None]).squeeze(-1)
-    behaviour_log_probs = behaviour_logits.log_softmax(-1).gather(-1, actions[..., None]).squeeze(-1)
+    behaviour_log_probs_all = behaviour_logits.log_softmax(-1)
+    behaviour_log_probs = behaviour_log_probs_all.gather(-1, actions[..., None]).squeeze(-1)
     with torch.no_grad():
         log_rhos = action_log_probs - behaviour_log_probs
         vs, pg_advantages = vtrace(log_rhos, args.gamma * (1.0 - dones), rewards, values[:-1], values[-1],
                                    rho_clip=args.rho_clip, pg_rho_clip=args.pg_rho_clip, c_clip=args.c_clip)
-    pg_loss = -(pg_advantages * action_log_probs).mean()
+        # LASER's trust region: an unroll whose behaviour policy is too far from the current one (mean KL over its
+        # steps) gives no policy gradient; V-trace still learns values from it. Fresh unrolls are almost always in.
+        kl = (behaviour_log_probs_all.exp() * (behaviour_log_probs_all - log_probs)).sum(-1).mean(0)
+        trusted = (kl <= args.trust_region).float()
+    if args.norm_adv:
+        pg_advantages = (pg_advantages - pg_advantages.mean()) / (pg_advantages.std() + 1e-8)
+    pg_loss = -(pg_advantages * action_log_probs * trusted).sum() / (T * trusted.sum().clamp(min=1.0))
     value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
     loss = pg_loss + args.vf_coef * value_loss - args.ent_coef * entropy
@@ -277,7 +293,7 @@ def update(obs, actions, behaviour_logits, rewards, dones, *, agent, optimizer, 
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
     return {"policy_loss": pg_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
-            "grad_norm": grad_norm.detach(), "mean_rho": log_rhos.exp().mean()}
+            "grad_norm": grad_norm.detach(), "kl": kl.mean(), "trusted_fraction": trusted.mean()}
 
 
 class UnrollReplay:
@@ -326,13 +342,15 @@ def connect(address, num_actors):
 
 
 def evaluate(agent, envs, device):
-    """True score of the first whole game in each env, actions sampled from the policy."""
+    """True score of the first whole game in each env. Flat observations: the greedy action (the policy's mode, as
+    the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari policy can stall
+    (in Breakout, by never launching a new ball) until the 27k-step time limit."""
     obs, _ = envs.reset()
     returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
     while not finished.all():
         with torch.no_grad():
             logits = agent(torch.as_tensor(obs, device=device))[0]
-        actions = torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
+        actions = (torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)).cpu().numpy()
         obs, rewards, terminations, truncations, infos = envs.step(actions)
         returns += infos.get("reward", rewards) * ~finished
         finished |= game_over(infos, terminations, truncations)

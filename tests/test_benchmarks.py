@@ -54,6 +54,19 @@ def test_collect_reads_the_async_learner_bound_and_the_replay_ratio(tmp_path):
     assert [cell.strip() for cell in row.split("|")][6] == "167"
 
 
+def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
+    # 1000 steps in 10 s, 2 of them waiting for unrolls: learner-bound 125; the actors' own ceiling 110 is lower
+    run = summary("eager", 100.0, env_seconds=3.0, learner_wait_seconds=2.0, actor_sps=110.0, num_actors=4,
+                  envs_per_actor=2, replay_ratio=0.5, policy_lag_mean=2.25, policy_lag_max=5)
+    (tmp_path / "impala__eager.json").write_text(json.dumps(run))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
+                          capture_output=True, text=True)
+    header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert header.endswith("| actors x envs | replayed | actor SPS | policy lag mean / max |")
+    cells = [cell.strip() for cell in row.split("|")]
+    assert cells[6:8] == ["125", "0.91"] and row.endswith("| 4 x 2 | 0.50 | 110 | 2.2 / 5 |")
+
+
 def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", str(tmp_path)], capture_output=True,
@@ -61,7 +74,13 @@ def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = {"ppo_atari": "Breakout-v5", "ppo_atari_async": "Breakout-v5", "ppo_continuous": "Pendulum-v1",
              "ppo_lstm": "Breakout-v5", "ppo_lstm_loop": "Breakout-v5", "sac": "Pendulum-v1", "td3": "Pendulum-v1",
-             "dqn": "CartPole-v1", "dqn_async": "CartPole-v1", "dqn_atari": "Breakout-v5", "dqn_atari_async": "Breakout-v5"}
+             "dqn": "CartPole-v1", "dqn_async": "CartPole-v1", "dqn_atari": "Breakout-v5", "dqn_atari_async": "Breakout-v5",
+             "impala": "Breakout-v5"}
+    impala_variants = {"impala_1actor": 1, "impala_4actors": 4, "impala_replay": 2}  # eager only
+    for name, num_actors in impala_variants.items():
+        run = json.loads((tmp_path / f"{name}__eager.json").read_text())
+        assert run["num_actors"] == num_actors and run["sps"] > 0 and (run["replay_ratio"] > 0) == (name == "impala_replay")
+        assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
     for name, env_id in names.items():
         for mode in ("eager", "compile", "cudagraphs", "compile+cudagraphs"):
             run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())

@@ -1,0 +1,150 @@
+"""IMPALA on Ray (impala_ray.py): V-trace against the paper's formula summed term by term, the script in every
+mode and on Atari, an actor killed mid-run, bad input, and learning CartPole with and without LASER replay."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import SCRIPTS, SUMMARY_KEYS, load_script, run_script
+
+SCRIPT = "impala_ray.py"
+IMPALA_KEYS = {"learner_updates_per_second", "actor_sps", "policy_lag_mean", "policy_lag_max", "actor_restarts",
+               "unrolls_lost", "num_actors", "envs_per_actor", "replay_ratio", "learner_wait_seconds"}
+# CartPole: 2 actors x 4 envs, unrolls of 20 steps, 16 unrolls (four actor calls, 320 steps) per update.
+CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16,
+            "--learning-rate", 3e-4]
+
+
+def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, rho_clip, pg_rho_clip, c_clip):
+    """Espeholt et al. 2018, eq. 1, in float64: vs_t = V(x_t) + sum_{s=t}^{T-1} (prod_{i=t}^{s-1} gamma_i c_i)
+    rho_s delta_s, with delta_s = r_s + gamma_s V(x_{s+1}) - V(x_s), each term summed on its own (O(T^2))."""
+    rhos = np.exp(log_rhos)
+    next_values = np.concatenate([values[1:], bootstrap_value[None]])
+    T = len(rhos)
+    vs = values.copy()
+    for t in range(T):
+        for s in range(t, T):
+            trace = np.prod(discounts[t:s] * np.minimum(c_clip, rhos[t:s]), axis=0)
+            vs[t] += trace * np.minimum(rho_clip, rhos[s]) * (rewards[s] + discounts[s] * next_values[s] - values[s])
+    next_vs = np.concatenate([vs[1:], bootstrap_value[None]])
+    return vs, np.minimum(pg_rho_clip, rhos) * (rewards + discounts * next_vs - values)
+
+
+def random_unroll(T, B, seed):
+    rng = np.random.default_rng(seed)
+    log_rhos = rng.uniform(-2.5, 2.5, (T, B))
+    discounts = np.where(rng.random((T, B)) < 0.15, 0.0, 0.97)  # zero where an episode ended
+    return log_rhos, discounts, rng.normal(size=(T, B)), rng.normal(size=(T, B)), rng.normal(size=B)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("clips", [(3.7, 2.2, 1.0), (1.0, 1.0, 1.0), (3.7, 2.2, 1.6)], ids=["rho3.7-pg2.2", "defaults", "c1.6"])
+def test_vtrace_equals_the_papers_sum(batch, clips):
+    rho_clip, pg_rho_clip, c_clip = clips
+    inputs = random_unroll(13, batch, seed=batch)  # 13: the scan's last round covers a partial span
+    log_rhos = inputs[0]
+    assert (np.exp(log_rhos) > rho_clip).any() and (np.exp(log_rhos) < 1).any()  # the clips are active
+    assert (inputs[1] == 0).any()
+    expected_vs, expected_pg = vtrace_reference(*inputs, rho_clip, pg_rho_clip, c_clip)
+    vs, pg = load_script(SCRIPT).vtrace(*(torch.tensor(x, dtype=torch.float32) for x in inputs), rho_clip=rho_clip,
+                                        pg_rho_clip=pg_rho_clip, c_clip=c_clip)
+    np.testing.assert_allclose(vs.numpy(), expected_vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pg.numpy(), expected_pg, rtol=1e-5, atol=1e-5)
+
+
+def test_vtrace_on_policy_is_the_bootstrapped_return():
+    _, discounts, rewards, values, bootstrap_value = random_unroll(16, 3, seed=7)
+    returns, next_return = np.zeros_like(rewards), bootstrap_value
+    for t in reversed(range(16)):
+        returns[t] = next_return = rewards[t] + discounts[t] * next_return
+    vs, pg = load_script(SCRIPT).vtrace(torch.zeros(16, 3), *(torch.tensor(x, dtype=torch.float32) for x in
+                                                              (discounts, rewards, values, bootstrap_value)))
+    np.testing.assert_allclose(vs.numpy(), returns, rtol=1e-5, atol=1e-5)
+    next_returns = np.concatenate([returns[1:], bootstrap_value[None]])
+    np.testing.assert_allclose(pg.numpy(), rewards + discounts * next_returns - values, rtol=1e-5, atol=1e-5)
+
+
+def check_summary(summary, fresh_per_update):
+    assert SUMMARY_KEYS | IMPALA_KEYS <= set(summary)
+    assert summary["steady_steps"] > 0 and summary["sps"] > 0 and summary["actor_sps"] > 0
+    assert summary["actor_restarts"] == 0 and summary["unrolls_lost"] == 0
+    assert 0 <= summary["policy_lag_mean"] <= summary["policy_lag_max"]
+    assert summary["num_updates"] == -(-summary["total_timesteps"] // fresh_per_update)  # fresh steps per update
+    assert all(np.isfinite(value) for value in summary["final_metrics"].values())
+
+
+# compile+cudagraphs runs in the run.sh smoke test (tests/test_benchmarks.py).
+@pytest.mark.parametrize("mode, args, fresh_per_update", [
+    ("compile", CARTPOLE + ["--compile", "--total-timesteps", 3200], 16 * 20),
+    ("cudagraphs", CARTPOLE + ["--cudagraphs", "--total-timesteps", 3200, "--replay-ratio", 0.5, "--batch-size", 16,
+                               "--replay-size", 24], 8 * 20),
+    ("eager", ["--env-id", "Breakout-v5", "--resnet", "--num-actors", 2, "--envs-per-actor", 2, "--batch-size", 8,
+               "--unroll-length", 8, "--replay-ratio", 0.5, "--total-timesteps", 640], 4 * 8),
+], ids=["compile-cartpole", "cudagraphs-cartpole-replay", "atari-resnet-replay"])
+def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir):
+    summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir)
+    check_summary(summary, fresh_per_update)
+    assert summary["mode"] == mode and summary["num_envs"] == 2 * summary["envs_per_actor"]
+    assert summary["cudagraphs_requested"] == (mode == "cudagraphs") and not summary["cudagraphs_active"]
+    assert len(summary["eval_returns"]) == 2 and summary["ray_address"] == "local"
+    if mode == "cudagraphs":
+        assert proc.stderr.count("--cudagraphs needs CUDA") == 1
+
+
+def test_a_killed_actor_is_restarted_and_training_continues(workdir):
+    """SIGKILL one actor process mid-run: Ray restarts it, the learner counts the restart and the lost unrolls
+    and trains to the end of its budget."""
+    before = set(subprocess.run(["pgrep", "-f", "ray::UnrollActor"], capture_output=True, text=True).stdout.split())
+    args = CARTPOLE + ["--total-timesteps", 120_000, "--eval-episodes", 0]
+    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, SCRIPT), *map(str, args)], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, victim = time.time() + 120, None
+    while victim is None and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        pids = set(subprocess.run(["pgrep", "-f", "ray::UnrollActor.unroll"], capture_output=True, text=True).stdout.split())
+        if pids - before:
+            time.sleep(2)  # a few updates in
+            victim = int(min(pids - before))
+            os.kill(victim, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert victim is not None, f"no actor process was seen: {stderr[-2000:]}"
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1][len("SPEED "):])
+    assert summary["actor_restarts"] == 1 and summary["unrolls_lost"] >= 4, summary
+    assert summary["num_updates"] == -(-120_000 // 320) and summary["steady_steps"] > 0
+    assert stderr.count("died; Ray restarts it") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env-id", "NoSuchGame-v5"], "unknown env id 'NoSuchGame-v5'"),
+    (["--env-id", "Pendulum-v1"], "needs discrete actions"),
+    (["--env-id", "CartPole-v1", "--resnet"], "--resnet is for Atari images"),
+    (["--env-id", "CartPole-v1", "--replay-ratio", 1.0], "--replay-ratio 1.0 must be in [0, 1)"),
+    (["--env-id", "CartPole-v1", "--batch-size", 12, "--envs-per-actor", 8], "must be a multiple of --envs-per-actor 8"),
+    (["--env-id", "CartPole-v1", "--num-actors", 0], "--num-actors must be positive"),
+    (["--env-id", "CartPole-v1", "--ray-address", "127.0.0.1:9"], "cannot reach a Ray cluster at --ray-address 127.0.0.1:9"),
+])
+def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
+    start = time.time()
+    _, proc = run_script(SCRIPT, args, workdir, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert time.time() - start < 60
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("replay", [False, True], ids=["impala", "laser-replay"])
+def test_learns_cartpole_with_two_actors(replay, workdir):
+    args = CARTPOLE + ["--total-timesteps", 1_000_000, "--eval-episodes", 20, "--seed", 2]
+    if replay:  # half of each batch replayed: 16 fresh unrolls and 16 from the replay
+        args += ["--replay-ratio", 0.5, "--batch-size", 32]
+    summary, _ = run_script(SCRIPT, args, workdir)
+    assert summary["eval_return_mean"] >= 400, summary
+    assert summary["total_seconds"] < 300
