@@ -408,14 +408,11 @@ if __name__ == "__main__":
     actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
     weights = ray.put({k: v.cpu() for k, v in agent.state_dict().items()})
     weights_version, num_updates = 0, 0
-    pending, next_call = {}, 0  # in-flight call -> (actor, call number)
-    death_call = [-1] * args.num_actors  # the last call sent to an actor before its latest death was seen
-    deaths_in_a_row = [0] * args.num_actors
+    pending = {}  # in-flight call -> actor index
+    actor_down = [False] * args.num_actors  # a call failed and no call has succeeded since: Ray is restarting it
 
     def call(actor_index):
-        global next_call
-        pending[actors[actor_index].unroll.remote(weights, weights_version)] = (actor_index, next_call)
-        next_call += 1
+        pending[actors[actor_index].unroll.remote(weights, weights_version)] = actor_index
 
     for index in range(args.num_actors):  # two calls each: the second is queued, so the actor never idles
         call(index)
@@ -448,25 +445,23 @@ if __name__ == "__main__":
             wait_start = time.perf_counter()
             (ready,), _ = ray.wait(list(pending), num_returns=1)
             learner_wait += time.perf_counter() - wait_start
-            actor_index, call_number = pending.pop(ready)
+            actor_index = pending.pop(ready)
             try:
                 result = ray.get(ready)
             except ray.exceptions.RayActorError as error:  # the actor died: Ray restarts it, we lose this call
-                unrolls_lost += E
-                if call_number > death_call[actor_index]:  # the first failed call of this death
-                    actor_restarts += 1
-                    deaths_in_a_row[actor_index] += 1
-                    death_call[actor_index] = next_call - 1
-                    print(f"warning: actor {actor_index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
-                if deaths_in_a_row[actor_index] > 3:
-                    print(f"error: actor {actor_index} died 4 times without finishing an unroll: {error}", file=sys.stderr)
+                if error.actor_init_failed:  # it cannot even start (a package missing on a node?): restarts won't help
+                    print(f"error: actor {actor_index} could not start: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
                     sys.exit(1)
+                unrolls_lost += E
+                if not actor_down[actor_index]:  # the first failed call of this death (the calls queued behind it fail too)
+                    actor_restarts, actor_down[actor_index] = actor_restarts + 1, True
+                    print(f"warning: actor {actor_index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
                 call(actor_index)
                 continue
             except ray.exceptions.RayTaskError as error:  # an exception in the actor's code: a bug, not a crash
                 print(f"error: actor {actor_index} failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
                 sys.exit(1)
-            deaths_in_a_row[actor_index] = 0
+            actor_down[actor_index] = False
             call(actor_index)
             for stage, part in zip(staging_np, result["unroll"]):
                 stage[:, filled * E : (filled + 1) * E] = part
