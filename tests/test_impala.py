@@ -143,8 +143,8 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
 @pytest.mark.parametrize("replay", [False, True], ids=["impala", "laser-replay"])
 def test_learns_cartpole_with_two_actors(replay, workdir):
     args = CARTPOLE + ["--total-timesteps", 1_000_000, "--eval-episodes", 20, "--seed", 2]
-    if replay:  # half of each batch replayed: 16 fresh unrolls and 16 from the replay
-        args += ["--replay-ratio", 0.5, "--batch-size", 32]
+    if replay:  # a fifth of each batch replayed: 16 fresh unrolls and 4 from the replay
+        args += ["--replay-ratio", 0.2, "--batch-size", 20]
     summary, _ = run_script(SCRIPT, args, workdir)
     assert summary["eval_return_mean"] >= 400, summary
     assert summary["total_seconds"] < 300
