@@ -169,14 +169,16 @@ def conv_sequence(in_channels, out_channels):
 
 
 class Agent(nn.Module):
-    """A torso (Nature CNN, IMPALA's ResNet, or a 64-64 MLP for flat observations) with a policy and a value head."""
+    """A torso (Nature CNN or IMPALA's ResNet, shared by both heads; two 64-64 MLPs for flat observations) with a
+    policy and a value head."""
 
     def __init__(self, obs_shape, num_actions, resnet=False):
         super().__init__()
         self.pixels = len(obs_shape) == 3
         if not self.pixels:  # two torsos: on small problems the value loss's gradients swamp a shared one
-            self.torso = nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
-            self.value_torso = nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
+            self.torso, self.value_torso = (
+                nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
+                for _ in range(2))
         elif resnet:
             self.torso = nn.Sequential(conv_sequence(obs_shape[0], 16), conv_sequence(16, 32), conv_sequence(32, 32),
                                        nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
