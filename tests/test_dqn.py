@@ -161,7 +161,10 @@ def start_async_run(workdir):
     process is up, with the actor's pid."""
     proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, SCRIPT), "--async-actor", "--total-timesteps",
                              "10000000", "--learning-starts", "1000", "--eval-episodes", "0"], cwd=workdir, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            # a test runner started in the background (`cmd &`) ignores SIGINT, and so would
+                            # the script, which Python then never turns into KeyboardInterrupt
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "spawn_main"], capture_output=True, text=True)
@@ -197,7 +200,11 @@ def test_a_dead_actor_stops_the_learner_with_a_clear_error(workdir):
 def test_ctrl_c_stops_learner_and_actor(workdir):
     proc, _ = start_async_run(workdir)
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends to the foreground group
-    _, stderr = proc.communicate(timeout=30)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    finally:  # a run that ignored the interrupt must not go on training beside the tests that follow
+        if processes_in_group(proc.pid, wait=0.1):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
     assert processes_in_group(proc.pid) == []
 
