@@ -114,6 +114,7 @@ def env_kind(env_id):
         env = gym.make(env_id)
     except gym.error.Error as error:
         fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) ({error})")
+    env.close()  # only its spaces are needed
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
     if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
