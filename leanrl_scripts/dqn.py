@@ -79,8 +79,10 @@ class Args:
     """(async) updates between copies of the learner's weights to the actor"""
     replay_tolerance: float = 0.1
     """(async) how far the replay ratio may drift, as a fraction of learning_starts x replay ratio samples"""
+    torch_threads: int = 0
+    """the learner's torch CPU threads (0: one, see the comment where it is set; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the action step and the update in torch.compile"""
+    """wrap the learner's action step and update in torch.compile (the async actor acts eagerly)"""
     cudagraphs: bool = False
     """wrap the action step and the update in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 50
@@ -303,7 +305,9 @@ def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
     try:
         torch.set_num_threads(1)  # one core plays, the others train
         envs = make_envs(args.env_id, args.num_envs, args.seed)
-        policy_step = speed_up(partial(policy, q_network=actor_q), args.compile, False)
+        # Eager even with --compile: compiled, this MLP's CPU forward is slower (see the README), and compiling
+        # here would hold the learner at learning_starts for a cold compile.
+        policy_step = partial(policy, q_network=actor_q)
         player = Player(args, envs, policy_step, rb, torch.device("cpu"))
         parent = os.getppid()
         parent_alive = lambda: os.getppid() == parent  # noqa: E731
@@ -316,8 +320,6 @@ def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
                 reports.put(("progress", player.finished, player.env_seconds))
                 player.finished = []
         reports.put(("progress", [], player.env_seconds))
-    except KeyboardInterrupt:  # Ctrl-C reaches both processes; the learner reports it
-        pass
     except BaseException:
         reports.put(("error", traceback.format_exc()))
         sys.exit(1)
@@ -352,6 +354,8 @@ if __name__ == "__main__":
                  "actor_sync_every", "target_network_frequency"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
+    if args.torch_threads < 0:
+        fail("--torch-threads must be 0 (chosen for this machine) or positive")
     if not 0 < args.exploration_fraction <= 1 or not 0 < args.tau <= 1:
         fail("--exploration-fraction and --tau must be in (0, 1]")
     if args.learning_starts < args.batch_size:
@@ -368,7 +372,9 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1)  # a 120-84 MLP gains nothing from intra-op threads: waking them costs more than the math
+    # One CPU thread unless told otherwise: a 120-84 MLP gains nothing from intra-op threads (waking them costs
+    # more than the math), and a thread descheduled mid-kernel on a busy machine stalls the others.
+    torch.set_num_threads(args.torch_threads or (torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else 1))
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     obs_dim, num_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
@@ -407,7 +413,11 @@ if __name__ == "__main__":
         actor_q.load_state_dict(q_network.state_dict())
         actor_params, weights_lock, reports = from_module(actor_q), ctx.Lock(), ctx.Queue()
         actor = ctx.Process(target=run_actor, args=(args, rb, limiter, actor_q, weights_lock, reports), daemon=True)
+        # The actor ignores Ctrl-C, which reaches the whole process group: the learner stops it. Otherwise an
+        # interrupt while the actor is still importing would print the import's traceback.
+        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
         actor.start()
+        signal.signal(signal.SIGINT, sigint)
     else:
         rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
         policy_step = speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active)
@@ -510,6 +520,8 @@ if __name__ == "__main__":
                 drain_reports()
     except (ChildProcessError, KeyboardInterrupt) as error:
         if args.async_actor:
+            if isinstance(error, KeyboardInterrupt):
+                limiter.close()  # the actor leaves its loop at its next step
             stop_actor(timeout=5)
         if isinstance(error, KeyboardInterrupt):
             print("interrupted: the learner and the actor stopped", file=sys.stderr)
@@ -547,7 +559,7 @@ if __name__ == "__main__":
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
         "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
         "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
-        "torch_version": torch.__version__, "async_actor": args.async_actor,
+        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(), "async_actor": args.async_actor,
         "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
         "steady_steps": steady_steps, "steady_seconds": steady_seconds,
         "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,

@@ -18,6 +18,10 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from functools import partial
 
+# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the actors (or other programs)
+# need. Set before torch loads OpenMP (the actors inherit it); it costs a wake-up (tens of microseconds) per kernel.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import gymnasium as gym
 import numpy as np
 import ray
@@ -84,6 +88,9 @@ class Args:
     """LASER: unrolls whose behaviour policy is further than this mean KL from the current one give no policy gradient"""
     replay_size: int = 1000
     """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
+    torch_threads: int = 0
+    """the learner's torch CPU threads (0: one on CUDA or for flat observations, else the usable cores less one per
+    local actor; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
     """wrap the learner update in torch.compile"""
     cudagraphs: bool = False
@@ -99,6 +106,28 @@ class Args:
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def usable_cores():
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return max(1, min(cores, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return cores
+
+
+def cpu_threads(requested, device, pixels, reserved):
+    """The learner's torch CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only
+    stages unrolls; idle pool threads would compete with the actors) or for the small MLPs of flat observations,
+    else the usable cores less `reserved` for the actors that play on this machine while the learner trains."""
+    if requested:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    return 1 if device.type == "cuda" or not pixels else max(1, usable_cores() - reserved)
 
 
 def env_kind(env_id):
@@ -129,8 +158,9 @@ def make_envs(env_id, num_envs, seed=0, training=True):
     if env_kind(env_id) == "atari":
         import envpool
 
-        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, episodic_life=training,
-                            reward_clip=training, seed=seed)
+        # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
+                            episodic_life=training, reward_clip=training, seed=seed)
     envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs.reset(seed=seed)  # later resets continue this seeded stream
     return envs
@@ -373,6 +403,8 @@ if __name__ == "__main__":
     for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
+    if args.torch_threads < 0:
+        fail("--torch-threads must be 0 (chosen for this machine) or positive")
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)
@@ -384,6 +416,8 @@ if __name__ == "__main__":
     if args.resnet and kind != "atari":
         fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    local_actors = 0 if args.ray_address else args.num_actors  # on a cluster, Ray may place them anywhere
+    torch.set_num_threads(cpu_threads(args.torch_threads, device, kind == "atari", reserved=local_actors))
     cudagraphs_active = args.cudagraphs and device.type == "cuda"
     if args.cudagraphs and not cudagraphs_active:
         print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
@@ -517,7 +551,7 @@ if __name__ == "__main__":
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed,
         "num_envs": args.num_actors * args.envs_per_actor, "total_timesteps": args.total_timesteps, "mode": mode,
         "compile": args.compile, "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active,
-        "device": str(device), "torch_version": torch.__version__,
+        "device": str(device), "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
         "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
         "steady_steps": steady_steps, "steady_seconds": steady_seconds,
         "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,

@@ -17,6 +17,10 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from functools import partial
 
+# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
+# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import envpool
 import numpy as np
 import torch
@@ -74,6 +78,8 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    torch_threads: int = 0
+    """torch's CPU threads (0: one on CUDA, else the cores this process may use; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
     """wrap the policy step, GAE and the update in torch.compile"""
     cudagraphs: bool = False
@@ -93,15 +99,39 @@ def fail(message):
     sys.exit(2)
 
 
+def usable_cores():
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return max(1, min(cores, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return cores
+
+
+def cpu_threads(requested, device):
+    """torch's CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only copies frames
+    and actions; more threads would compete with envpool's workers), else every usable core (the envs and the
+    network take turns, and the idle pool sleeps)."""
+    if requested:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    return 1 if device.type == "cuda" else usable_cores()
+
+
 def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True):
     """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
-    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score."""
+    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score. One worker
+    thread per env, up to the usable cores: envpool's default counts every core of the host, quota or not."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size or num_envs,
-                        episodic_life=training, reward_clip=training, seed=seed)
+                        num_threads=min(num_envs, usable_cores()), episodic_life=training, reward_clip=training,
+                        seed=seed)
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -228,6 +258,8 @@ if __name__ == "__main__":
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
+    if args.torch_threads < 0:
+        fail("--torch-threads must be 0 (chosen for this machine) or positive")
     if args.envpool_async and args.num_envs % 2:
         fail(f"--envpool-async steps half of the envs at a time: --num-envs {args.num_envs} must be even")
     batch_size = args.num_envs * args.num_steps
@@ -238,6 +270,7 @@ if __name__ == "__main__":
     if args.load_model and not os.path.isfile(args.load_model):
         fail(f"--load-model: no checkpoint at {args.load_model}")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.set_num_threads(cpu_threads(args.torch_threads, device))
     cudagraphs_active = args.cudagraphs and device.type == "cuda"
     if args.cudagraphs and not cudagraphs_active:
         print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
@@ -287,6 +320,7 @@ if __name__ == "__main__":
     # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
     # the copy precedes the policy step on the stream, and the host waits for the actions before the next recv.
     staging = torch.empty((env_batch, *envs.observation_space.shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    staging_np = staging.numpy()
     episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
     steady_start_time = steady_start_step = None
@@ -311,7 +345,8 @@ if __name__ == "__main__":
             step_data = np.stack([reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids])
             step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
             index = step_data[2].long()
-            next_obs = staging.copy_(torch.from_numpy(next_obs_np)).to(device, non_blocking=True)
+            np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
+            next_obs = staging.to(device, non_blocking=True)
             next_obs = next_obs.contiguous(memory_format=torch.channels_last)  # once, for the storage and the policy
             obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
             action, logprobs[index], values[index] = policy_step(next_obs)
@@ -380,7 +415,8 @@ if __name__ == "__main__":
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
         "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
         "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
-        "torch_version": torch.__version__, "envpool_async": args.envpool_async,
+        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "envpool_async": args.envpool_async,
         "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
         "steady_steps": steady_steps, "steady_seconds": steady_seconds,
         "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,

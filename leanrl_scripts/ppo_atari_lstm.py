@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal
 
+# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
+# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import envpool
 import numpy as np
 import torch
@@ -73,6 +77,8 @@ class Args:
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
+    torch_threads: int = 0
+    """torch's CPU threads (0: one on CUDA, else the cores this process may use; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
     """wrap the policy step, GAE and the update in torch.compile"""
     cudagraphs: bool = False
@@ -90,16 +96,40 @@ def fail(message):
     sys.exit(2)
 
 
+def usable_cores():
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return max(1, min(cores, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return cores
+
+
+def cpu_threads(requested, device):
+    """torch's CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only copies frames
+    and actions; more threads would compete with envpool's workers), else every usable core (the envs and the
+    network take turns, and the idle pool sleeps)."""
+    if requested:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    return 1 if device.type == "cuda" else usable_cores()
+
+
 def make_envs(env_id, num_envs, seed=0, training=True):
     """envpool's Atari preprocessing with one frame per observation (memory is the LSTM's job, as in CleanRL).
     Training envs end an episode at each lost life and clip rewards to their sign; info["reward"] keeps the
-    true score."""
+    true score. One worker thread per env, up to the usable cores: envpool's default counts every core of the
+    host, quota or not."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, stack_num=1, episodic_life=training,
-                        reward_clip=training, seed=seed)
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, stack_num=1,
+                        num_threads=min(num_envs, usable_cores()), episodic_life=training, reward_clip=training,
+                        seed=seed)
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -293,12 +323,15 @@ if __name__ == "__main__":
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
+    if args.torch_threads < 0:
+        fail("--torch-threads must be 0 (chosen for this machine) or positive")
     if args.num_envs % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: minibatches are whole env rows")
     envs_per_batch = args.num_envs // args.num_minibatches
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.set_num_threads(cpu_threads(args.torch_threads, device))
     cudagraphs_active = args.cudagraphs and device.type == "cuda"
     if args.cudagraphs and not cudagraphs_active:
         print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
@@ -425,7 +458,7 @@ if __name__ == "__main__":
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
         "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
         "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
-        "torch_version": torch.__version__, "lstm_impl": args.lstm_impl,
+        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(), "lstm_impl": args.lstm_impl,
         "padded_steps": padded_steps, "real_steps": real_steps, "update_shapes": len(update_steps),
         "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
         "steady_steps": steady_steps, "steady_seconds": steady_seconds,

@@ -47,7 +47,10 @@ def load_script(script):
         spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, script))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # torch.compile resolves the functions' globals through sys.modules
+        environ = dict(os.environ)
         spec.loader.exec_module(module)
+        os.environ.clear()  # what a script sets at import (OMP_WAIT_POLICY) stays out of the later test runs
+        os.environ.update(environ)
     return sys.modules[name]
 
 
