@@ -1,0 +1,61 @@
+"""No host sync in the pieces a script compiles: each script runs a few updates with torch.compile replaced by a
+probe (tests/host_sync_probe.py) that records every call making the host wait for the device on CUDA. On a GPU
+such a call stalls the stream every step and cannot be captured in a CUDA graph; on this CPU it costs nothing,
+so only a test finds it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, SCRIPTS
+
+ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
+CASES = {
+    "sac_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200,
+                                  "--batch-size", 32], {"policy", "update_critic", "update_actor"}),
+    "td3_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200,
+                                  "--batch-size", 32], {"policy", "update_critic", "update_actor"}),
+    "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 128, "--num-steps", 64,
+                                  "--num-minibatches", 2, "--update-epochs", 1], {"policy", "gae", "update"}),
+    "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "update"}),
+    "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "update"}),
+    "dqn.py": (["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000], {"policy", "update"}),
+    "dqn_atari.py": (["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
+                      "--start-e", 0.5], {"policy", "update"}),
+    "impala_ray.py": (["--env-id", "CartPole-v1", "--total-timesteps", 640, "--num-actors", 1, "--envs-per-actor", 4,
+                       "--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5], {"update"}),
+}
+
+
+@pytest.mark.parametrize("script", CASES)
+def test_compiled_pieces_make_no_host_sync(script, tmp_path):
+    flags, pieces = CASES[script]
+    log = tmp_path / "syncs.json"
+    env = {**os.environ, "HOST_SYNC_LOG": str(log)}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"),
+                           os.path.join(SCRIPTS, script), *map(str, flags), "--compile", "--eval-episodes", "0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = json.loads(log.read_text())
+    assert set(calls) == pieces  # every compiled piece ran under the probe
+    assert calls == {piece: [] for piece in pieces}
+
+
+def test_the_probe_finds_host_syncs(tmp_path):
+    """The probe itself: a piece that reads a value, branches on a tensor, copies to the host and masks by value."""
+    piece = tmp_path / "piece.py"
+    piece.write_text(
+        "import torch\n"
+        "def update(x):\n"
+        "    total = x.sum().item()\n"
+        "    if x.max() > 0:\n"
+        "        x = x.cpu()\n"
+        "    return x[x > 0], total\n"
+        "torch.compile(update)(torch.arange(-2.0, 3.0))\n")
+    log = tmp_path / "syncs.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"), str(piece)], check=True,
+                   env={**os.environ, "HOST_SYNC_LOG": str(log)})
+    found = [call.split(" at ")[0] for call in json.loads(log.read_text())["update"]]
+    assert found == ["item", "__bool__", "cpu", "__getitem__"]
