@@ -4,6 +4,8 @@ import os
 import re
 import tomllib
 
+from packaging.requirements import Requirement
+
 from conftest import ROOT
 
 
@@ -22,3 +24,16 @@ def test_pyproject_extras_match_the_requirements_files():
     assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {"mujoco", "atari", "envpool", "ray", "video", "dev"}
     for requirement in sum((extras[e] for e in extras if e != "all"), project["dependencies"]):
         assert ">=" in requirement and "==" not in requirement  # lower bounds, no exact pins
+
+
+def test_the_gpu_machines_packages_meet_the_requirements():
+    """The H100 machine has torch 2.11 (CUDA 13) and no package index; ../shared/gpu/pack.sh brings the rest at these
+    versions. Requirements that they meet install nothing over them: no multi-GB torch download on a GPU machine."""
+    ran_there = {"torch": "2.11.0", "tensordict": "0.15.3", "tyro": "1.0.17", "gymnasium": "1.4.0", "mujoco": "4.0.0",
+                 "envpool": "1.2.7"}
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    requirements = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["mujoco"]
+                    + project["optional-dependencies"]["envpool"]]
+    checked = {r.name: r.specifier.contains(ran_there[r.name]) for r in requirements if r.name in ran_there}
+    assert checked == dict.fromkeys(ran_there, True)
