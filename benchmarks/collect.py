@@ -34,12 +34,14 @@ def table(name, runs):
     modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES) - {"env_only"})
     first = runs[modes[0]]
     eager_sps = runs.get("eager", {}).get("sps")
+    threads = f", {first['torch_threads']} torch threads" if "torch_threads" in first else ""
     lines = [
         f"### {name}: {first['script']} on {first['env_id']} ({first['num_envs']} env, {first['device']}, "
-        f"torch {first['torch_version']}, {first['total_timesteps']} steps)",
+        f"torch {first['torch_version']}{threads}, {first['total_timesteps']} steps)",
         "",
-        "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s "
+        "| env time / env-only time |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     padding = "padded_steps" in first  # the LSTM script: what its padding costs
     if padding:
@@ -62,10 +64,13 @@ def table(name, runs):
         learner_bound = run["steady_steps"] / learner_seconds if run["steady_steps"] and learner_seconds > 0 else None
         ceiling = min((c for c in (env_only, learner_bound, run.get("actor_sps")) if c), default=None)
         label = mode + (" (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else "")
+        # the env's time in the run against the env-only time of as many steps: above 1, the loop slows the env
+        env_ratio = run["env_seconds"] * env_only / run["steady_steps"] if env_only and run["steady_steps"] else None
         lines.append(
             f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps if sps and eager_sps else None, '.2f')}x "
             f"| {fmt(run['return_mean'], '.1f')} | {fmt(env_only)} | {fmt(learner_bound)} "
-            f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} |"
+            f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} "
+            f"| {fmt(env_ratio, '.2f')} |"
             + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
             + (f" {run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f} |" if replay else "")
             + (f" {run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} | {fmt(run['actor_sps'])} "

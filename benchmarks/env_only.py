@@ -53,7 +53,21 @@ def main():
     envs.close()
     print(json.dumps({"script": os.path.basename(args.script), "env_id": args.env_id, "num_envs": args.num_envs,
                       "steps": len(actions) * args.num_envs, "seconds": seconds,
-                      "env_only_sps": len(actions) * args.num_envs / seconds}))
+                      "env_only_sps": len(actions) * args.num_envs / seconds, **cores(script)}))
+
+
+def cores(script):
+    """What bounds the envs' parallelism here: the CPUs the machine has, those this process may run on, a cgroup
+    quota (a container's limit, in CPUs), and the cores the script counts as usable (envpool worker threads)."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        quota = None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        quota = None
+    usable = script.usable_cores() if hasattr(script, "usable_cores") else None
+    return {"cpu_count": os.cpu_count(), "affinity_cores": len(os.sched_getaffinity(0)), "cgroup_cpu_quota": quota,
+            "usable_cores": usable}
 
 
 if __name__ == "__main__":

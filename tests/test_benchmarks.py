@@ -27,7 +27,8 @@ def test_collect_builds_the_table_with_ceilings(tmp_path):
             for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line}
     assert list(rows)[1:] == ["eager", "compile", "cudagraphs (graphs inactive: no CUDA)", "compile+cudagraphs (graphs inactive: no CUDA)"]
     # compile: 1000 steps in 1000/150 s, 1 s of it in the env -> learner-bound 1000 / (6.667 - 1) = 176
-    assert rows["compile"] == ["150", "1.50x", "-250.0", "20000", "176", "0.85", "3.0"]
+    # the env took 1 s for 1000 steps that env-only steps in 0.05 s: 20x
+    assert rows["compile"] == ["150", "1.50x", "-250.0", "20000", "176", "0.85", "3.0", "20.00"]
     assert rows["eager"][1] == "1.00x" and rows["compile+cudagraphs (graphs inactive: no CUDA)"][1] == "2.00x"
     assert (tmp_path / "speed.md").read_text() == proc.stdout
     assert (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
