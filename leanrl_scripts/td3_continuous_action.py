@@ -272,8 +272,8 @@ if __name__ == "__main__":
     if args.load_model and not os.path.isfile(args.load_model):
         fail(f"--load-model: no checkpoint at {args.load_model}")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # One CPU thread unless told otherwise: layers this small gain at most 1.3x from a second core on an idle
-    # machine and lose 5x on a busy one (a thread descheduled mid-kernel stalls the others at every barrier).
+    # One CPU thread unless told otherwise: layers this small gain at most 1.5x from a second core on an idle
+    # 2-core machine and lose 3-4x beside busy processes (a descheduled thread stalls the others at each barrier).
     torch.set_num_threads(args.torch_threads or (torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else 1))
     cudagraphs_active = args.cudagraphs and device.type == "cuda"
     if args.cudagraphs and not cudagraphs_active:
