@@ -7,9 +7,12 @@ a tolerance band of extra rows. The action step and the update can be wrapped in
     python leanrl_scripts/dqn.py --env-id CartPole-v1 --async-actor --compile
 """
 
+import copy
+import ctypes
 import json
 import math
 import os
+import queue
 import random
 import resource
 import signal
@@ -19,6 +22,7 @@ import traceback
 from collections import deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from functools import partial
 
 import gymnasium as gym
@@ -156,7 +160,7 @@ class ReplayBuffer:
 
 
 @contextmanager
-def held(lock, other_alive):
+def hold_lock(lock, other_alive):
     """`lock` (the actor's weights), checking every second while waiting for it that the other process lives:
     a process killed while holding a lock never releases it."""
     while not lock.acquire(timeout=1.0):
@@ -168,60 +172,68 @@ def held(lock, other_alive):
         lock.release()
 
 
+class Counts(ctypes.Structure):
+    """The limiter's state; in shared memory between the learner and the actor process."""
+    _fields_ = [("inserts", ctypes.c_int64), ("samples", ctypes.c_int64), ("closed", ctypes.c_bool)]
+
+
 class RateLimiter:
-    """Reverb's SampleToInsertRatio across processes: with diff = inserts x samples_per_insert - samples, an
-    insert waits while it would push diff above min_size x spi + error_buffer, a sample waits until
-    min_size transitions are in and while it would pull diff below min_size x spi - error_buffer.
-    Each counter has one writer (inserts: the actor, samples: the learner), so no mutex guards them: a waiting
-    side sleeps on a semaphore that the other side posts after each step and re-checks its condition (a
-    condition variable without the mutex, so a process killed mid-step never leaves a lock held); the
-    one-second timeout only checks that the other side is alive."""
+    """Reverb's SampleToInsertRatio. With diff = inserts x samples_per_insert - samples, an insert waits while it
+    would push diff above min_size x samples_per_insert + error_buffer; a sample waits until min_size transitions
+    are in and while it would pull diff below min_size x samples_per_insert - error_buffer. The arithmetic is
+    exact (fractions): with no error buffer, a sample is allowed exactly when the inserts owe an update.
+    Without `ctx` (no actor process) nothing waits: inserts always go in, a sample is allowed or not at once.
+    With one, each counter has one writer (inserts: the actor, samples: the learner), so no mutex guards them: a
+    waiting side sleeps on a semaphore that the other side posts after each step and re-checks its condition (a
+    condition variable without the mutex: a process killed mid-step leaves no lock held); the one-second
+    timeout only checks that the other side lives."""
 
-    def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
-        self.spi, self.min_size = samples_per_insert, min_size
-        self.min_diff = min_size * samples_per_insert - error_buffer
-        self.max_diff = min_size * samples_per_insert + error_buffer
-        self.counts = ctx.RawArray("q", 3)  # inserts, samples, closed
-        self.insert_posted, self.sample_posted = ctx.Semaphore(0), ctx.Semaphore(0)
+    def __init__(self, samples_per_insert, min_size, error_buffer=0, ctx=None):
+        self.samples_per_insert, self.min_size = Fraction(samples_per_insert), min_size
+        self.min_diff = min_size * self.samples_per_insert - Fraction(error_buffer)
+        self.max_diff = min_size * self.samples_per_insert + Fraction(error_buffer) if ctx else math.inf
+        self.counts = ctx.RawValue(Counts) if ctx else Counts()
+        self.insert_posted, self.sample_posted = (ctx.Semaphore(0), ctx.Semaphore(0)) if ctx else (None, None)
 
-    @property
-    def inserts(self):
-        return self.counts[0]
+    inserts = property(lambda self: self.counts.inserts)
+    samples = property(lambda self: self.counts.samples)
 
-    @property
-    def samples(self):
-        return self.counts[1]
+    def diff(self, new_inserts=0, new_samples=0):
+        return (self.inserts + new_inserts) * self.samples_per_insert - self.samples - new_samples
+
+    def await_insert(self, n, other_alive=lambda: True):
+        return self._wait(lambda: not self.counts.closed and self.diff(new_inserts=n) <= self.max_diff,
+                          self.sample_posted, other_alive)
+
+    def await_sample(self, n, other_alive=lambda: True):
+        return self._wait(lambda: self.inserts >= self.min_size and self.diff(new_samples=n) >= self.min_diff,
+                          self.insert_posted, other_alive)
 
     def _wait(self, ready, posted, other_alive):
-        """True once `ready()`; False if the limiter is closed first (the run ends or the other side failed)."""
+        """True once `ready()`; False if it is not and there is no other side to wait for, or the limiter is
+        closed first (the run ends or the other side failed)."""
         while not ready():
-            if self.counts[2]:
+            if posted is None or self.counts.closed:
                 return False
             if not posted.acquire(timeout=1.0) and not other_alive():
                 raise ChildProcessError("the other side of the replay storage stopped")
         return True
 
-    def await_insert(self, n, other_alive=lambda: True):
-        return self._wait(lambda: not self.counts[2] and (self.inserts + n) * self.spi - self.samples <= self.max_diff,
-                          self.sample_posted, other_alive)
+    def add_inserts(self, n):
+        self.counts.inserts += n
+        if self.insert_posted:
+            self.insert_posted.release()
 
-    def await_sample(self, n, other_alive=lambda: True):
-        return self._wait(lambda: self.inserts >= self.min_size
-                          and self.inserts * self.spi - self.samples - n >= self.min_diff,
-                          self.insert_posted, other_alive)
-
-    def inserted(self, n):
-        self.counts[0] += n
-        self.insert_posted.release()
-
-    def sampled(self, n):
-        self.counts[1] += n
-        self.sample_posted.release()
+    def add_samples(self, n):
+        self.counts.samples += n
+        if self.sample_posted:
+            self.sample_posted.release()
 
     def close(self):
-        self.counts[2] = 1
-        self.insert_posted.release()
-        self.sample_posted.release()
+        self.counts.closed = True
+        if self.insert_posted:
+            self.insert_posted.release()
+            self.sample_posted.release()
 
 
 def policy(obs, *, q_network):
@@ -242,16 +254,6 @@ def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_n
     return loss.detach(), old_val.mean().detach()
 
 
-def speed_up(fn, compile, cudagraphs):
-    """torch.compile fuses the piece's kernels; a CUDA graph then replays all its launches at once (inputs are
-    copied into static buffers, outputs cloned). The pieces take and return plain tensors: no TensorDicts."""
-    if compile:
-        fn = torch.compile(fn)
-    if cudagraphs:
-        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
-    return fn
-
-
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
     exploits (early in training most steps skip it), random actions are drawn only when some env explores."""
@@ -269,20 +271,43 @@ def epsilon_at(step, args):
 
 
 class Player:
-    """Plays epsilon-greedy vector steps into the replay storage and keeps the episode returns (a list of
-    (global_step, return) for the caller to drain). The synchronous loop and the actor process both use it."""
+    """Plays epsilon-greedy vector steps into the replay storage: step() one, play() several, each when the
+    limiter lets it, putting the finished episodes ((global_step, return) pairs) with its env time so far on
+    `reports`. The learner plays with one in its own process, the actor process with another: the same steps,
+    limiter calls and reports."""
 
-    def __init__(self, args, envs, policy_step, rb, device):
+    def __init__(self, args, envs, policy_step, rb, device, limiter=None, reports=None, hold_weights=nullcontext,
+                 other_alive=lambda: True):
         self.args, self.envs, self.policy_step, self.rb, self.device = args, envs, policy_step, rb, device
+        self.limiter, self.reports, self.hold_weights, self.other_alive = limiter, reports, hold_weights, other_alive
         self.obs, _ = envs.reset(seed=args.seed)
         self.rng = np.random.default_rng(args.seed)
         self.num_actions = int(envs.single_action_space.n)
         self.episode_returns, self.finished = np.zeros(args.num_envs), []
         self.inserted, self.env_seconds = 0, 0.0
+        self.total_vector_steps = args.total_timesteps // args.num_envs
 
-    def step(self, hold_weights=nullcontext):
+    def alive(self):
+        return True
+
+    def load_weights(self, params):
+        """Nothing to copy: this player acts with a view of the learner's weights."""
+
+    def play(self, vector_steps):
+        """Up to `vector_steps` steps, fewer if the run's steps are done or the limiter is closed."""
+        for _ in range(min(vector_steps, self.total_vector_steps - self.inserted // self.args.num_envs)):
+            if not self.limiter.await_insert(self.args.num_envs, self.other_alive):
+                break
+            self.step()
+            self.limiter.add_inserts(self.args.num_envs)
+            if self.finished:
+                self.reports.put(("episodes", self.finished, self.env_seconds))
+                self.finished = []
+        self.reports.put(("episodes", [], self.env_seconds))
+
+    def step(self):
         epsilon = epsilon_at(self.inserted, self.args)
-        with hold_weights():  # the actor process's lock: the learner writes new weights under it
+        with self.hold_weights():  # the actor process's lock: the learner writes new weights under it
             actions = epsilon_greedy(self.policy_step, self.obs, epsilon, self.rng, self.num_actions, self.device)
         env_start = time.perf_counter()
         next_obs, rewards, terminations, truncations, infos = self.envs.step(actions)
@@ -298,33 +323,109 @@ class Player:
         self.episode_returns[done] = 0
         self.obs = next_obs
 
+    def finish(self):
+        """The steps after the last update (they owe none), then the envs close."""
+        self.play(self.total_vector_steps)
+        self.envs.close()
+
+    def stop(self):
+        self.envs.close()
+
 
 def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
-    """The actor process: plays on the CPU with `actor_q` (shared memory, refreshed by the learner) and sends
-    its finished episodes with its env time so far through `reports`; any error goes there as text."""
+    """The actor process: a Player on the CPU with `actor_q` (shared memory, refreshed by the learner under
+    `weights_lock`); any error goes to `reports` as text. Ctrl-C is the learner's to handle: it stops us."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         torch.set_num_threads(1)  # one core plays, the others train
         envs = make_envs(args.env_id, args.num_envs, args.seed)
         # Eager even with --compile: compiled, this MLP's CPU forward is slower (see the README), and compiling
         # here would hold the learner at learning_starts for a cold compile.
-        policy_step = partial(policy, q_network=actor_q)
-        player = Player(args, envs, policy_step, rb, torch.device("cpu"))
         parent = os.getppid()
         parent_alive = lambda: os.getppid() == parent  # noqa: E731
-        for _ in range(args.total_timesteps // args.num_envs):
-            if not limiter.await_insert(args.num_envs, parent_alive):
-                break
-            player.step(partial(held, weights_lock, parent_alive))
-            limiter.inserted(args.num_envs)
-            if player.finished:
-                reports.put(("progress", player.finished, player.env_seconds))
-                player.finished = []
-        reports.put(("progress", [], player.env_seconds))
+        player = Player(args, envs, partial(policy, q_network=actor_q), rb, torch.device("cpu"), limiter, reports,
+                        partial(hold_lock, weights_lock, parent_alive), parent_alive)
+        player.play(player.total_vector_steps)
     except BaseException:
         reports.put(("error", traceback.format_exc()))
         sys.exit(1)
     finally:
         limiter.close()  # wakes a learner waiting for transitions that will not come
+
+
+class ActorProcess:
+    """A Player in its own process (spawned: fork would copy the learner's threads and locks mid-flight), seen
+    by the learner through the Player's interface: it plays on its own, so play() only checks it still lives;
+    load_weights() copies the learner's weights to its shared CPU copy; finish() and stop() wait for it to exit,
+    reading its reports meanwhile (a process with unread queue data cannot exit), then end it if it has not:
+    no process outlives the run."""
+
+    def __init__(self, ctx, args, rb, limiter, q_network, progress):
+        self.limiter, self.progress = limiter, progress
+        self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
+        self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
+        self.process = ctx.Process(target=run_actor, daemon=True,
+                                   args=(args, rb, limiter, self.q_network, self.weights_lock, progress.reports))
+        # Ctrl-C reaches the whole process group; the actor ignores it (from its start: an interrupt while it
+        # still imports would print the import's traceback) and the learner stops it.
+        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.process.start()
+        signal.signal(signal.SIGINT, sigint)
+
+    def alive(self):
+        return self.process.exitcode in (None, 0)  # 0: it has played all its steps, the updates it is owed remain
+
+    def play(self, vector_steps):
+        if self.limiter.counts.closed:  # the actor has stopped, and updates are still owed
+            raise ChildProcessError("the actor stopped")
+
+    def load_weights(self, params):
+        if not self.alive():
+            raise ChildProcessError("the actor stopped")
+        with hold_lock(self.weights_lock, self.alive):
+            self.params.update_(params)
+
+    def finish(self):
+        """Every update is done: the actor plays its last steps (the band lets it) and exits."""
+        self.stop(timeout=60)
+
+    def stop(self, timeout=5):
+        deadline = time.monotonic() + timeout
+        while self.process.is_alive() and time.monotonic() < deadline:
+            self.progress.drain()
+            self.process.join(timeout=0.1)
+        self.limiter.close()
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.progress.drain()
+
+    def failure(self):
+        """Why the actor stopped: the last line of its error, else its exit code or signal."""
+        code, error = self.process.exitcode, self.progress.error
+        if error:
+            return error.strip().splitlines()[-1]
+        return f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+
+
+class Progress:
+    """The learner's end of the reports: finished episodes go to TensorBoard and the last 20 returns, the player's
+    env time and an actor's error are kept."""
+
+    def __init__(self, reports, writer):
+        self.reports, self.writer = reports, writer
+        self.recent_returns, self.env_seconds, self.error = deque(maxlen=20), 0.0, None
+
+    def drain(self):
+        while not self.reports.empty():
+            kind, *content = self.reports.get()
+            if kind == "error":
+                self.error = content[0]
+                continue
+            episodes, self.env_seconds = content
+            for step, episode_return in episodes:
+                self.recent_returns.append(episode_return)
+                self.writer.add_scalar("charts/episodic_return", episode_return, step)
 
 
 def evaluate(q_network, envs, device, seed):
@@ -388,10 +489,17 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
     optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),
                                  fused=True, capturable=cudagraphs_active)
-    update_step = speed_up(partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
-                                   gamma=args.gamma), args.compile, cudagraphs_active)
+
+    policy_step = partial(policy, q_network=q_view)
+    update_step = partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
+                          gamma=args.gamma)
+    if args.compile:
+        policy_step, update_step = torch.compile(policy_step), torch.compile(update_step)
+    if cudagraphs_active:  # the first calls compile and initialise Adam's state, then the graphs are captured
+        policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
+
     # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts.
-    replay_ratio = args.batch_size / args.train_frequency
+    replay_ratio = Fraction(args.batch_size, args.train_frequency)
     played = args.total_timesteps // args.num_envs * args.num_envs  # whole vector steps
     total_updates = max(0, played - args.learning_starts) // args.train_frequency
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
@@ -400,7 +508,7 @@ if __name__ == "__main__":
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
     if args.async_actor:
         envs.close()
-        ctx = mp.get_context("spawn")  # fork would copy the learner's threads and locks mid-flight
+        ctx = mp.get_context("spawn")
         # The band must fit one actor step and one batch, or each side could wait on the other forever.
         error_buffer = max(args.replay_tolerance * args.learning_starts * replay_ratio,
                            args.num_envs * replay_ratio + args.batch_size)
@@ -409,139 +517,67 @@ if __name__ == "__main__":
         # stops it): rows beyond buffer_size keep them from overwriting anything the batch may read.
         extra_rows = math.ceil(2 * error_buffer / replay_ratio) + args.num_envs
         rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, "cpu", extra_rows, shared=True)
-        actor_q = QNetwork(obs_dim, num_actions).requires_grad_(False).share_memory()
-        actor_q.load_state_dict(q_network.state_dict())
-        actor_params, weights_lock, reports = from_module(actor_q), ctx.Lock(), ctx.Queue()
-        actor = ctx.Process(target=run_actor, args=(args, rb, limiter, actor_q, weights_lock, reports), daemon=True)
-        # The actor ignores Ctrl-C, which reaches the whole process group: the learner stops it. Otherwise an
-        # interrupt while the actor is still importing would print the import's traceback.
-        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        actor.start()
-        signal.signal(signal.SIGINT, sigint)
+        progress = Progress(ctx.Queue(), writer)
+        player = ActorProcess(ctx, args, rb, limiter, q_network, progress)
     else:
+        limiter = RateLimiter(replay_ratio, args.learning_starts)
         rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
-        policy_step = speed_up(partial(policy, q_network=q_view), args.compile, cudagraphs_active)
-        player = Player(args, envs, policy_step, rb, device)
+        progress = Progress(queue.SimpleQueue(), writer)
+        player = Player(args, envs, policy_step, rb, device, limiter, progress.reports)
 
-    recent_returns, num_updates, loss = deque(maxlen=20), 0, None
-    actor_env_seconds, actor_error, wait_seconds = 0.0, None, 0.0
+    num_updates, loss, wait_seconds = 0, None, 0.0
     steady_start_time = steady_start_step = None
-
-    def actor_ok():
-        return actor.exitcode in (None, 0)  # 0: it has played all its steps, the updates it is owed remain
-
-    def inserted():
-        return limiter.inserts if args.async_actor else player.inserted
-
-    def played_seconds():
-        return actor_env_seconds if args.async_actor else player.env_seconds
-
-    def drain_reports():
-        """Log finished episodes: the player's, or those the actor sent (with its env time and any error)."""
-        global actor_env_seconds, actor_error
-        if not args.async_actor:
-            reports_now, player.finished = [("progress", player.finished, player.env_seconds)], []
-        else:
-            reports_now = []
-            while not reports.empty():
-                reports_now.append(reports.get())
-        for kind, *content in reports_now:
-            if kind == "error":
-                actor_error = content[0]
-                continue
-            for step, episode_return in content[0]:
-                recent_returns.append(episode_return)
-                writer.add_scalar("charts/episodic_return", episode_return, step)
-            actor_env_seconds = content[1]
-
-    def stop_actor(timeout):
-        """Wait for the actor to exit, reading its reports meanwhile (a process with unread queue data cannot
-        exit), then close the limiter, and terminate it if it is still there: no process outlives the run."""
-        deadline = time.monotonic() + timeout
-        while actor.is_alive() and time.monotonic() < deadline:
-            drain_reports()
-            actor.join(timeout=0.1)
-        limiter.close()
-        if actor.is_alive():
-            actor.terminate()
-            actor.join()
-        drain_reports()
-
-    def learn():
-        """One update from a fresh batch, the target and actor weights when due, metrics every LOG_EVERY."""
-        global num_updates, loss, steady_start_time, steady_start_step, steady_env_seconds, wait_seconds
-        if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            drain_reports()
-            steady_start_time, steady_start_step, steady_env_seconds = time.perf_counter(), inserted(), played_seconds()
-            wait_seconds = 0.0
-        if args.async_actor:
-            wait_start = time.perf_counter()
-            if not limiter.await_sample(args.batch_size, actor_ok):
-                raise ChildProcessError("the actor stopped")
-            wait_seconds += time.perf_counter() - wait_start
-        batch = rb.sample(inserted(), args.batch_size, device)
-        if args.async_actor:
-            limiter.sampled(args.batch_size)
-        loss, q_values = update_step(*batch)
-        num_updates += 1
-        if num_updates % target_every == 0:
-            target_params.lerp_(online_params, args.tau)
-        if args.async_actor and num_updates % args.actor_sync_every == 0:
-            if not actor_ok():
-                raise ChildProcessError("the actor stopped")
-            with held(weights_lock, actor_ok):
-                actor_params.update_(online_params)
-        if num_updates % LOG_EVERY == 0:
-            loss_value, q_value = torch.stack([loss, q_values]).tolist()  # one sync per LOG_EVERY updates
-            step = inserted()
-            writer.add_scalar("losses/td_loss", loss_value, step)
-            writer.add_scalar("losses/q_values", q_value, step)
-            writer.add_scalar("charts/epsilon", epsilon_at(step, args), step)
-            replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
-            writer.add_scalar("charts/replay_ratio", replay_ratio_now, step)
-            if steady_start_time is not None and step > steady_start_step:
-                sps = (step - steady_start_step) / (time.perf_counter() - steady_start_time)
-                writer.add_scalar("charts/SPS", sps, step)
-            drain_reports()
-
     try:
-        if args.async_actor:  # the rate limiter paces the updates against the actor's inserts
-            while num_updates < total_updates:
-                learn()
-        else:  # play steps_per_update vector steps, then do the updates they owe
-            for iteration in range(0, args.total_timesteps // args.num_envs, args.steps_per_update):
-                for _ in range(min(args.steps_per_update, args.total_timesteps // args.num_envs - iteration)):
-                    player.step()
-                owed = max(0, player.inserted - args.learning_starts) // args.train_frequency
-                while num_updates < owed:
-                    learn()
-                drain_reports()
+        while num_updates < total_updates:  # the updates owed end the run; the player may play a few steps after
+            player.play(args.steps_per_update)  # here; the actor process plays on its own
+            wait_start = time.perf_counter()  # the learner waits only for an actor process
+            while num_updates < total_updates and limiter.await_sample(args.batch_size, player.alive):
+                wait_seconds += time.perf_counter() - wait_start
+                if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    progress.drain()
+                    steady_start_time, steady_start_step = time.perf_counter(), limiter.inserts
+                    steady_env_seconds, wait_seconds = progress.env_seconds, 0.0
+                batch = rb.sample(limiter.inserts, args.batch_size, device)
+                limiter.add_samples(args.batch_size)
+                loss, q_values = update_step(*batch)
+                num_updates += 1
+                if num_updates % target_every == 0:
+                    target_params.lerp_(online_params, args.tau)
+                if num_updates % args.actor_sync_every == 0:
+                    player.load_weights(online_params)
+                if num_updates % LOG_EVERY == 0:
+                    loss_value, q_value = torch.stack([loss, q_values]).tolist()  # one sync per LOG_EVERY updates
+                    step = limiter.inserts
+                    writer.add_scalar("losses/td_loss", loss_value, step)
+                    writer.add_scalar("losses/q_values", q_value, step)
+                    writer.add_scalar("charts/epsilon", epsilon_at(step, args), step)
+                    replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
+                    writer.add_scalar("charts/replay_ratio", replay_ratio_now, step)
+                    if steady_start_time is not None and step > steady_start_step:
+                        sps = (step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                        writer.add_scalar("charts/SPS", sps, step)
+                    progress.drain()
+                wait_start = time.perf_counter()
+            progress.drain()
+        player.finish()
     except (ChildProcessError, KeyboardInterrupt) as error:
-        if args.async_actor:
-            if isinstance(error, KeyboardInterrupt):
-                limiter.close()  # the actor leaves its loop at its next step
-            stop_actor(timeout=5)
+        limiter.close()  # an actor process leaves its loop at its next step
+        player.stop()
         if isinstance(error, KeyboardInterrupt):
             print("interrupted: the learner and the actor stopped", file=sys.stderr)
             sys.exit(130)
-        cause = actor_error.strip().splitlines()[-1] if actor_error else (
-            f"killed by {signal.Signals(-actor.exitcode).name}" if actor.exitcode and actor.exitcode < 0
-            else f"exit code {actor.exitcode}")
-        print(f"error: the actor process died ({cause}); the learner stops", file=sys.stderr)
+        print(f"error: the actor process died ({player.failure()}); the learner stops", file=sys.stderr)
         sys.exit(1)
-    if args.async_actor:  # every update is done: the actor plays its last steps (the band lets it) and exits
-        stop_actor(timeout=60)
-    else:
-        envs.close()
+    progress.drain()
 
     if device.type == "cuda":
         torch.cuda.synchronize()
-    end_time, end_step = time.perf_counter(), inserted()
+    end_time, end_step = time.perf_counter(), limiter.inserts
     if steady_start_time is None:  # the run ended before the steady phase began
-        steady_start_time, steady_start_step, steady_env_seconds = end_time, end_step, played_seconds()
-    env_seconds = played_seconds() - steady_env_seconds  # the actor's, in async mode
+        steady_start_time, steady_start_step, steady_env_seconds = end_time, end_step, progress.env_seconds
+    env_seconds = progress.env_seconds - steady_env_seconds  # the actor's, in async mode
     steady_steps, steady_seconds = end_step - steady_start_step, end_time - steady_start_time
 
     eval_returns = []
@@ -563,12 +599,12 @@ if __name__ == "__main__":
         "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
         "steady_steps": steady_steps, "steady_seconds": steady_seconds,
         "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
-        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
+        "return_mean": float(np.mean(progress.recent_returns)) if progress.recent_returns else None,
         "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
         "learner_wait_seconds": wait_seconds, "num_updates": num_updates, "inserted": end_step,
         "final_td_loss": loss.item() if loss is not None else None,
-        "replay_ratio_target": replay_ratio,
+        "replay_ratio_target": float(replay_ratio),
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, end_step - args.learning_starts),
     }
     if device.type == "cuda":

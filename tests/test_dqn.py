@@ -36,7 +36,7 @@ def run_limiter(produce_pause, consume_pause, spi=4.0, min_size=50, error_buffer
     def producer():
         while len(items) < inserts and limiter.await_insert(per_insert):
             items.extend(range(len(items), len(items) + per_insert))  # written before it is counted
-            limiter.inserted(per_insert)
+            limiter.add_inserts(per_insert)
             if limiter.inserts * spi - limiter.samples > limiter.max_diff:
                 violations.append(("too far ahead", limiter.inserts, limiter.samples))
             time.sleep(produce_pause)
@@ -45,7 +45,7 @@ def run_limiter(produce_pause, consume_pause, spi=4.0, min_size=50, error_buffer
         while limiter.samples < total_samples and limiter.await_sample(per_sample):
             if len(items) < limiter.inserts or limiter.inserts < min_size:
                 violations.append(("sampled what is not there", len(items), limiter.inserts))
-            limiter.sampled(per_sample)
+            limiter.add_samples(per_sample)
             if limiter.inserts * spi - limiter.samples < limiter.min_diff:
                 violations.append(("too far behind", limiter.inserts, limiter.samples))
             time.sleep(consume_pause)

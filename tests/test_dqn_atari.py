@@ -101,8 +101,8 @@ def test_fire_reset_presses_fire_then_2():
     assert fake.actions == [1, 2] and obs[0, 0, 0] == 37 * 2
 
 
-def test_clip_reward_keeps_the_sign():
-    env = load_script(SCRIPT).ClipReward(FakeAtari(rewards={1: 5, 2: -3}))
+def test_clip_reward_keeps_the_sign():  # the script clips with gymnasium's TransformReward
+    env = gym.wrappers.TransformReward(FakeAtari(rewards={1: 5, 2: -3}), np.sign)
     env.reset()
     assert [env.step(0)[1] for _ in range(3)] == [1.0, -1.0, 0.0]
 
@@ -118,8 +118,8 @@ def test_warp_frame_is_84x84_luminance():
     assert (warped[43:] == round(0.299 * 200 + 0.587 * 100 + 0.114 * 50)).all()  # ITU-R 601 luma, as OpenCV
 
 
-def test_frame_stack_repeats_the_first_frame_then_shifts():
-    env = load_script(SCRIPT).FrameStack(FakeAtari())
+def test_frame_stack_repeats_the_first_frame_then_shifts():  # the script stacks with gymnasium's wrapper
+    env = gym.wrappers.FrameStackObservation(FakeAtari(), 4, padding_type="reset")
     obs, _ = env.reset()
     assert obs.shape == (4, 210, 160, 3) and (obs == 0).all()
     env.step(0)
