@@ -13,7 +13,7 @@ import random
 import resource
 import sys
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal
@@ -356,7 +356,10 @@ if __name__ == "__main__":
 
     policy_step = speed_up(partial(policy, agent=agent_view), args.compile, cudagraphs_active)
     gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, cudagraphs_active)
-    update_steps = {}  # one per padded segment count: a CUDA graph has fixed shapes (compile shares its cache)
+    # One update per padded segment count, made at its first use: a CUDA graph has fixed shapes (compile shares
+    # its cache between them).
+    update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
+                                                args.compile, cudagraphs_active))
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     writer = SummaryWriter(run_dir)
@@ -421,11 +424,7 @@ if __name__ == "__main__":
                 columns = torch.from_numpy(env_ids).to(device)
                 minibatch = [obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns], *layout]
                 minibatch += [t[:, columns] for t in (actions, logprobs, advantages, returns, values)]
-                shape_key = layout[0].shape[-1]
-                if shape_key not in update_steps:
-                    update_steps[shape_key] = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
-                                                       args.compile, cudagraphs_active)
-                metrics = update_steps[shape_key](*minibatch)
+                metrics = update_steps[layout[0].shape[-1]](*minibatch)
                 num_updates += 1
 
         for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
