@@ -85,7 +85,8 @@ class Args:
     replay_ratio: float = 0.0
     """LASER: the fraction of each batch replayed from recent unrolls (0: no replay, on-policy IMPALA)"""
     trust_region: float = 0.02
-    """LASER: unrolls whose behaviour policy is further than this mean KL from the current one give no policy gradient"""
+    """LASER: unrolls whose behaviour policy is further than this mean KL from the current one give no policy
+    gradient"""
     replay_size: int = 1000
     """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
     torch_threads: int = 0
@@ -142,7 +143,8 @@ def env_kind(env_id):
     try:
         env = gym.make(env_id)
     except gym.error.Error as error:
-        fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) ({error})")
+        fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "
+             f"({error})")
     env.close()  # only its spaces are needed
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -161,7 +163,8 @@ def make_envs(env_id, num_envs, seed=0, training=True):
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
                             episodic_life=training, reward_clip=training, seed=seed)
-    envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs.reset(seed=seed)  # later resets continue this seeded stream
     return envs
 
@@ -173,7 +176,8 @@ def spaces(envs):
 
 
 def game_over(infos, terminations, truncations):
-    """The end of a whole game: envpool's Atari envs end an episode at each lost life, info["terminated"] at the last."""
+    """The end of a whole game: envpool's Atari envs end an episode at each lost life, info["terminated"] at the
+    last."""
     return np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
 
 
@@ -208,7 +212,8 @@ class Agent(nn.Module):
         self.pixels = len(obs_shape) == 3
         if not self.pixels:  # two torsos: on small problems the value loss's gradients swamp a shared one
             self.torso, self.value_torso = (
-                nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
+                nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                              nn.Tanh())
                 for _ in range(2))
         elif resnet:
             self.torso = nn.Sequential(conv_sequence(obs_shape[0], 16), conv_sequence(16, 32), conv_sequence(32, 32),
@@ -253,15 +258,17 @@ class UnrollActor:
         if version != self.version:
             self.agent.load_state_dict(weights)
             self.version = version
-        T, num_envs = self.unroll_length, len(self.obs)
-        obs = np.empty((T + 1, *self.obs.shape), dtype=self.obs.dtype)
-        actions, rewards, dones = np.empty((T, num_envs), np.int64), np.empty((T, num_envs), np.float32), np.empty((T, num_envs), np.float32)
-        logits = np.empty((T, num_envs, self.agent.policy_head.out_features), np.float32)
-        for t in range(T):
+        steps, num_envs = self.unroll_length, len(self.obs)
+        obs = np.empty((steps + 1, *self.obs.shape), dtype=self.obs.dtype)
+        actions = np.empty((steps, num_envs), np.int64)
+        rewards, dones = np.empty((steps, num_envs), np.float32), np.empty((steps, num_envs), np.float32)
+        logits = np.empty((steps, num_envs, self.agent.policy_head.out_features), np.float32)
+        for t in range(steps):
             obs[t] = self.obs
             step_logits = self.agent(torch.from_numpy(self.obs))[0]
             logits[t] = step_logits.numpy()
-            actions[t] = (step_logits - torch.empty_like(step_logits).exponential_().log()).argmax(-1).numpy()  # Gumbel-max
+            gumbel = -torch.empty_like(step_logits).exponential_().log()
+            actions[t] = (step_logits + gumbel).argmax(-1).numpy()  # Gumbel-max: a sample of the softmax
             env_start = time.perf_counter()
             self.obs, rewards[t], terminations, truncations, infos = self.envs.step(actions[t])
             env_seconds += time.perf_counter() - env_start
@@ -274,7 +281,7 @@ class UnrollActor:
             if cut.any() and "final_obs" in infos:  # last state (gymnasium only; envpool's Atari limit is 27k steps)
                 final_obs = torch.from_numpy(np.stack(infos["final_obs"][cut]))
                 rewards[t, cut] += self.gamma * self.agent(final_obs)[1].numpy()
-        obs[T] = self.obs
+        obs[steps] = self.obs
         return {"unroll": (obs, actions, logits, rewards, dones), "version": self.version, "returns": finished,
                 "seconds": time.perf_counter() - start, "env_seconds": env_seconds}
 
@@ -290,7 +297,8 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.
     coeffs = discounts * rhos.clamp(max=c_clip)
     offset = 1
     while offset < len(corrections):
-        corrections = torch.cat([corrections[:-offset] + coeffs[:-offset] * corrections[offset:], corrections[-offset:]])
+        corrections = torch.cat([corrections[:-offset] + coeffs[:-offset] * corrections[offset:],
+                                 corrections[-offset:]])
         coeffs = torch.cat([coeffs[:-offset] * coeffs[offset:], coeffs[-offset:]])
         offset *= 2
     vs = values + corrections
@@ -360,7 +368,8 @@ def speed_up(fn, compile, cudagraphs):
 
 
 def connect(address, num_actors):
-    """Start a local Ray instance, or join a cluster. A wrong address would make ray.init retry for minutes: probe it."""
+    """Start a local Ray instance, or join a cluster. A wrong address would make ray.init retry for minutes: probe
+    it."""
     if address not in ("", "auto"):
         host, _, port = address.removeprefix("ray://").rpartition(":")
         try:
@@ -374,6 +383,66 @@ def connect(address, num_actors):
         fail(f"--ray-address {address}: {error}")
 
 
+class ActorPool:
+    """The Ray actors and their calls in flight, two per actor (the second is queued, so an actor never idles).
+    A dead actor (a crash, a lost node) is restarted by Ray; its calls in flight fail and count as lost unrolls,
+    its death once as a restart. An actor that cannot start, or whose code raises, ends the run: one error line."""
+
+    def __init__(self, args, weights):
+        remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(UnrollActor)
+        self.actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
+        self.envs_per_actor, self.weights, self.version = args.envs_per_actor, weights, 0
+        self.pending = {}  # call in flight -> actor index
+        self.down = [False] * args.num_actors  # a call failed and none has succeeded since: Ray is restarting it
+        self.restarts = self.unrolls_lost = 0
+        for index in [*range(args.num_actors)] * 2:
+            self.call(index)
+
+    def call(self, index):
+        self.pending[self.actors[index].unroll.remote(self.weights, self.version)] = index
+
+    def publish(self, weights, version):
+        """The actors' next calls fetch these weights through the object store."""
+        self.weights, self.version = weights, version
+
+    def next_unroll(self):
+        """The result of the next call that succeeds, and the seconds spent waiting for it."""
+        waited = 0.0
+        while True:
+            wait_start = time.perf_counter()
+            (ready,), _ = ray.wait(list(self.pending), num_returns=1)
+            waited += time.perf_counter() - wait_start
+            index = self.pending.pop(ready)
+            try:
+                result = ray.get(ready)
+            except ray.exceptions.RayActorError as error:  # the actor died: Ray restarts it, this call is lost
+                self.count_loss(index, error)
+                result = None
+            except ray.exceptions.RayTaskError as error:  # an exception in the actor's code: a bug, not a crash
+                stop_run(f"actor {index} failed: {last_line(error)}")
+            self.call(index)
+            if result is not None:
+                self.down[index] = False
+                return result, waited
+
+    def count_loss(self, index, error):
+        if error.actor_init_failed:  # it cannot even start (a package missing on a node?): restarts won't help
+            stop_run(f"actor {index} could not start: {last_line(error)}")
+        self.unrolls_lost += self.envs_per_actor
+        if not self.down[index]:  # the first failed call of this death (the calls queued behind it fail too)
+            self.restarts, self.down[index] = self.restarts + 1, True
+            print(f"warning: actor {index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
+
+
+def last_line(error):
+    return str(error).strip().splitlines()[-1]
+
+
+def stop_run(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
 def evaluate(agent, envs, device):
     """True score of the first whole game in each env. Flat observations: the greedy action (the policy's mode, as
     the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari policy can stall
@@ -383,8 +452,8 @@ def evaluate(agent, envs, device):
     while not finished.all():
         with torch.no_grad():
             logits = agent(torch.as_tensor(obs, device=device))[0]
-        actions = (torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)).cpu().numpy()
-        obs, rewards, terminations, truncations, infos = envs.step(actions)
+        actions = torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)
+        obs, rewards, terminations, truncations, infos = envs.step(actions.cpu().numpy())
         returns += infos.get("reward", rewards) * ~finished
         finished |= game_over(infos, terminations, truncations)
     return returns.tolist()
@@ -400,7 +469,8 @@ def write_atomic(path, write):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     start_time = time.perf_counter()
-    for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"):
+    for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every",
+                 "replay_size"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
     if args.torch_threads < 0:
@@ -436,38 +506,31 @@ if __name__ == "__main__":
     probe.close()
     agent = Agent(obs_shape, num_actions, args.resnet).to(device)
     learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
-    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile, cudagraphs_active)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
+                                 capturable=cudagraphs_active)
+    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile,
+                           cudagraphs_active)
 
     connect(args.ray_address, args.num_actors)
-    # An actor that dies (a crash, a lost node) is restarted by Ray; its calls in flight fail and are counted as lost.
-    remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(UnrollActor)
-    actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
-    weights = ray.put({k: v.cpu() for k, v in agent.state_dict().items()})
-    weights_version, num_updates = 0, 0
-    pending = {}  # in-flight call -> actor index
-    actor_down = [False] * args.num_actors  # a call failed and no call has succeeded since: Ray is restarting it
-
-    def call(actor_index):
-        pending[actors[actor_index].unroll.remote(weights, weights_version)] = actor_index
-
-    for index in range(args.num_actors):  # two calls each: the second is queued, so the actor never idles
-        call(index)
-        call(index)
+    actor_pool = ActorPool(args, ray.put({k: v.cpu() for k, v in agent.state_dict().items()}))
+    num_updates = 0
 
     # Fresh unrolls are gathered column by column in host memory (pinned on CUDA), then sent to the device at once.
-    T, E, calls_per_batch = args.unroll_length, args.envs_per_actor, num_fresh // args.envs_per_actor
+    steps, envs_per_actor = args.unroll_length, args.envs_per_actor
+    calls_per_batch, steps_per_call = num_fresh // envs_per_actor, steps * envs_per_actor
     pin = device.type == "cuda"
-    staging = [torch.empty((T + 1, num_fresh, *obs_shape), dtype=torch.uint8 if agent.pixels else torch.float32, pin_memory=pin),
-               torch.empty((T, num_fresh), dtype=torch.long, pin_memory=pin), torch.empty((T, num_fresh, num_actions), pin_memory=pin),
-               torch.empty((T, num_fresh), pin_memory=pin), torch.empty((T, num_fresh), pin_memory=pin)]
+    obs_dtype = torch.uint8 if agent.pixels else torch.float32
+    staging = [torch.empty((steps + 1, num_fresh, *obs_shape), dtype=obs_dtype, pin_memory=pin),  # observations
+               torch.empty((steps, num_fresh), dtype=torch.long, pin_memory=pin),  # actions
+               torch.empty((steps, num_fresh, num_actions), pin_memory=pin),  # behaviour logits
+               torch.empty((steps, num_fresh), pin_memory=pin), torch.empty((steps, num_fresh), pin_memory=pin)]
     staging_np = [t.numpy() for t in staging]
     replay = UnrollReplay(args.replay_size, staging, device) if num_replayed else None
 
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
     recent_returns, metrics = deque(maxlen=20), {}
-    global_step = actor_steps = actor_restarts = unrolls_lost = 0
+    global_step = actor_steps = 0
     learner_wait = actor_busy = actor_env_seconds = 0.0
     lags = []
     steady_start_time = steady_start_step = None
@@ -477,35 +540,15 @@ if __name__ == "__main__":
                 torch.cuda.synchronize()
             steady_start_time, steady_start_step = time.perf_counter(), global_step
             learner_wait = actor_busy = actor_env_seconds = actor_steps = 0
-        filled = 0
-        while filled < calls_per_batch:
-            wait_start = time.perf_counter()
-            (ready,), _ = ray.wait(list(pending), num_returns=1)
-            learner_wait += time.perf_counter() - wait_start
-            actor_index = pending.pop(ready)
-            try:
-                result = ray.get(ready)
-            except ray.exceptions.RayActorError as error:  # the actor died: Ray restarts it, we lose this call
-                if error.actor_init_failed:  # it cannot even start (a package missing on a node?): restarts won't help
-                    print(f"error: actor {actor_index} could not start: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
-                    sys.exit(1)
-                unrolls_lost += E
-                if not actor_down[actor_index]:  # the first failed call of this death (the calls queued behind it fail too)
-                    actor_restarts, actor_down[actor_index] = actor_restarts + 1, True
-                    print(f"warning: actor {actor_index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
-                call(actor_index)
-                continue
-            except ray.exceptions.RayTaskError as error:  # an exception in the actor's code: a bug, not a crash
-                print(f"error: actor {actor_index} failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
-                sys.exit(1)
-            actor_down[actor_index] = False
-            call(actor_index)
+        for call_index in range(calls_per_batch):  # each call brings envs_per_actor columns of the batch
+            result, waited = actor_pool.next_unroll()
+            learner_wait += waited
+            columns = slice(call_index * envs_per_actor, (call_index + 1) * envs_per_actor)
             for stage, part in zip(staging_np, result["unroll"]):
-                stage[:, filled * E : (filled + 1) * E] = part
-            filled += 1
+                stage[:, columns] = part
             lags.append(num_updates - result["version"])
-            actor_steps, actor_busy, actor_env_seconds = actor_steps + T * E, actor_busy + result["seconds"], actor_env_seconds + result["env_seconds"]
-            global_step += T * E
+            actor_steps, global_step = actor_steps + steps_per_call, global_step + steps_per_call
+            actor_busy, actor_env_seconds = actor_busy + result["seconds"], actor_env_seconds + result["env_seconds"]
             for episode_return in result["returns"]:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, global_step)
@@ -516,17 +559,19 @@ if __name__ == "__main__":
         batch = [t.to(device, non_blocking=True) for t in staging]
         if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
             replay.add(batch)
-            batch = [torch.cat([fresh, replayed], 1) for fresh, replayed in zip(batch, replay.sample(num_replayed, replay_generator))]
+            replayed = replay.sample(num_replayed, replay_generator)
+            batch = [torch.cat([fresh, old], 1) for fresh, old in zip(batch, replayed)]
         metrics = update_step(*batch)
         num_updates += 1
-        if num_updates % args.broadcast_every == 0:  # the actors' next calls fetch these through the object store
-            weights, weights_version = ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates
+        if num_updates % args.broadcast_every == 0:
+            actor_pool.publish(ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates)
 
         for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per update
             writer.add_scalar(f"losses/{name}", value, global_step)
         writer.add_scalar("charts/policy_lag", lags[-1], global_step)
         if steady_start_time is not None and global_step > steady_start_step:
-            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+            sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
+            writer.add_scalar("charts/SPS", sps, global_step)
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -544,7 +589,8 @@ if __name__ == "__main__":
         eval_envs.close()
         writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
     if args.save_model:
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args), "agent": agent.state_dict()}
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "agent": agent.state_dict()}
         write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
 
     summary = {
@@ -562,12 +608,13 @@ if __name__ == "__main__":
         "env_seconds": actor_env_seconds / args.num_actors,
         "num_actors": args.num_actors, "envs_per_actor": args.envs_per_actor, "replay_ratio": args.replay_ratio,
         "ray_address": args.ray_address or "local", "num_updates": num_updates,
-        "learner_updates_per_second": (num_updates - min(num_updates, args.measure_burnin)) / steady_seconds if steady_steps > 0 else None,
+        "learner_updates_per_second": ((num_updates - min(num_updates, args.measure_burnin)) / steady_seconds
+                                       if steady_steps > 0 else None),
         "learner_wait_seconds": learner_wait,
         # what the actors would produce if they never waited: their steps over the time their calls took
         "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
         "policy_lag_mean": float(np.mean(lags)), "policy_lag_max": int(np.max(lags)),
-        "actor_restarts": actor_restarts, "unrolls_lost": unrolls_lost,
+        "actor_restarts": actor_pool.restarts, "unrolls_lost": actor_pool.unrolls_lost,
         "final_metrics": {k: v.item() for k, v in metrics.items()},
     }
     if device.type == "cuda":
