@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "leanrl_scripts")
@@ -57,3 +59,44 @@ def load_script(script):
 @pytest.fixture
 def workdir(tmp_path):
     return str(tmp_path)
+
+
+def assert_same_seed_same_numbers(script, args, workdir, keys, second_flags=()):
+    """Two runs of `script` with the same seed, the second with `second_flags` (flags that must not change the
+    numbers, such as --cudagraphs without CUDA), give equal values under `keys`. Returns both runs."""
+    first = run_script(script, args, workdir)
+    second = run_script(script, [*args, *second_flags], workdir)
+    for key in keys:
+        assert first[0][key] == second[0][key], key
+    return first, second
+
+
+def reference_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """CleanRL's reverse loop."""
+    advantages, last = torch.zeros_like(rewards), 0
+    for t in reversed(range(len(rewards))):
+        if t == len(rewards) - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
+        advantages[t] = last = delta + gamma * gae_lambda * next_nonterminal * last
+    return advantages, advantages + values
+
+
+def assert_gae_equals_the_reverse_loop(script, steps, envs, compiled, seed, rewards_sign=False):
+    """The script's gae (compiled or not) against the reverse loop, with an episode end into the first and into
+    the last observation."""
+    module = load_script(script)
+    g = torch.Generator().manual_seed(seed)
+    rewards, values = torch.randn(steps, envs, generator=g), torch.randn(steps, envs, generator=g)
+    if rewards_sign:  # clipped rewards, as on Atari
+        rewards = rewards.sign()
+    dones = (torch.rand(steps, envs, generator=g) < 0.05).float()
+    dones[0, 0] = dones[-1, -1] = 1.0
+    next_value, next_done = torch.randn(envs, generator=g), torch.tensor([1.0] + [0.0] * (envs - 1))
+    gae = module.speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
+    advantages, returns = gae(rewards, values, dones, next_value, next_done)
+    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(returns, expected_returns, atol=2e-5, rtol=1e-5)

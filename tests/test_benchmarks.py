@@ -16,12 +16,18 @@ def summary(mode, sps, steady_steps=1000, env_seconds=1.0, **extra):
             "cudagraphs_active": False, **extra}
 
 
-def test_collect_builds_the_table_with_ceilings(tmp_path):
-    for mode, sps in [("eager", 100.0), ("compile", 150.0), ("cudagraphs", 100.0), ("compile+cudagraphs", 200.0)]:
-        (tmp_path / f"sac__{mode}.json").write_text(json.dumps(summary(mode, sps)))
-    (tmp_path / "sac__env_only.json").write_text(json.dumps({"env_only_sps": 20000.0}))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
+def collect(folder, runs):
+    """Writes each run as folder/<name>.json, then runs the collector on the folder."""
+    for name, run in runs.items():
+        (folder / f"{name}.json").write_text(json.dumps(run))
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(folder)],
                           capture_output=True, text=True)
+
+
+def test_collect_builds_the_table_with_ceilings(tmp_path):
+    modes = [("eager", 100.0), ("compile", 150.0), ("cudagraphs", 100.0), ("compile+cudagraphs", 200.0)]
+    proc = collect(tmp_path, {**{f"sac__{mode}": summary(mode, sps) for mode, sps in modes},
+                              "sac__env_only": {"env_only_sps": 20000.0}})
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line}
@@ -36,9 +42,7 @@ def test_collect_builds_the_table_with_ceilings(tmp_path):
 
 def test_collect_adds_the_padding_cost_of_the_lstm_script(tmp_path):
     run = summary("eager", 100.0, padded_steps=3000, real_steps=1000, peak_memory_mb=612.4)
-    (tmp_path / "ppo_lstm__eager.json").write_text(json.dumps(run))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = collect(tmp_path, {"ppo_lstm__eager": run})
     header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert header.endswith("| padded / real steps | peak memory MB |") and row.endswith("| 3.00 | 612 |")
 
@@ -47,9 +51,7 @@ def test_collect_reads_the_async_learner_bound_and_the_replay_ratio(tmp_path):
     # 1000 steps in 10 s, 4 of them spent by the learner waiting for the actor: learner-bound 1000 / 6 = 167
     run = summary("eager", 100.0, env_seconds=9.0, async_actor=True, learner_wait_seconds=4.0,
                   replay_ratio_target=12.8, replay_ratio_achieved=12.7)
-    (tmp_path / "dqn_async__eager.json").write_text(json.dumps(run))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = collect(tmp_path, {"dqn_async__eager": run})
     header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert header.endswith("| replay ratio achieved / target |") and row.endswith("| 12.70 / 12.80 |")
     assert [cell.strip() for cell in row.split("|")][6] == "167"
@@ -59,9 +61,7 @@ def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
     # 1000 steps in 10 s, 2 of them waiting for unrolls: learner-bound 125; the actors' own ceiling 110 is lower
     run = summary("eager", 100.0, env_seconds=3.0, learner_wait_seconds=2.0, actor_sps=110.0, num_actors=4,
                   envs_per_actor=2, replay_ratio=0.5, policy_lag_mean=2.25, policy_lag_max=5)
-    (tmp_path / "impala__eager.json").write_text(json.dumps(run))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = collect(tmp_path, {"impala__eager": run})
     header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert header.endswith("| actors x envs | replayed | actor SPS | policy lag mean / max |")
     cells = [cell.strip() for cell in row.split("|")]

@@ -5,7 +5,7 @@ import math
 import os
 
 import pytest
-from conftest import SUMMARY_KEYS, run_script
+from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, run_script
 
 SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]
 # A small Pendulum run: 200 random steps, then 200 updates of which 5 are warm-up.
@@ -40,10 +40,8 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_same_seed_gives_identical_runs(script, workdir):
-    first, _ = run_script(script, TINY, workdir)
-    second, _ = run_script(script, TINY, workdir)
-    for key in ("return_mean", "eval_returns", "final_metrics"):
-        assert first[key] == second[key], key
+    (first, _), _ = assert_same_seed_same_numbers(script, TINY, workdir,
+                                                  ["return_mean", "eval_returns", "final_metrics"])
     other_seed, _ = run_script(script, TINY + ["--seed", 2], workdir)
     assert other_seed["eval_returns"] != first["eval_returns"]
 

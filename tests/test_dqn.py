@@ -13,7 +13,7 @@ import multiprocessing as mp
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SCRIPTS, SUMMARY_KEYS, load_script, run_script
+from conftest import SCRIPTS, SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script
 
 SCRIPT = "dqn.py"
 # CartPole: 1,000 steps, 500 of them before learning, one update per 10 steps (50 updates, 5 of them warm-up).
@@ -136,10 +136,7 @@ def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    first, _ = run_script(SCRIPT, TINY, workdir)
-    second, _ = run_script(SCRIPT, TINY, workdir)
-    assert first["eval_returns"] == second["eval_returns"] and first["final_td_loss"] == second["final_td_loss"]
-    assert first["return_mean"] == second["return_mean"]
+    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_td_loss", "return_mean"])
 
 
 @pytest.mark.parametrize("script, args, message", [

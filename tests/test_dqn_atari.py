@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SUMMARY_KEYS, load_script, run_script
+from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
@@ -181,12 +181,10 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 def test_same_seed_gives_identical_runs(workdir):
     """Eager, then --cudagraphs, which without CUDA runs the same code eagerly: the same numbers."""
-    first, first_proc = run_script(SCRIPT, TINY, workdir)
-    second, second_proc = run_script(SCRIPT, TINY + ["--cudagraphs"], workdir)
-    check_summary(first, first_proc, "eager")
-    check_summary(second, second_proc, "cudagraphs")
-    if not second["cudagraphs_active"]:
-        assert first["eval_returns"] == second["eval_returns"] and first["final_td_loss"] == second["final_td_loss"]
+    first, second = assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_td_loss"],
+                                                  second_flags=["--cudagraphs"])
+    check_summary(*first, "eager")
+    check_summary(*second, "cudagraphs")
 
 
 def random_policy_scores(env_id, games, seed):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-from conftest import SUMMARY_KEYS, load_script, run_script
-from test_ppo_continuous import reference_gae
+from conftest import (SUMMARY_KEYS, assert_gae_equals_the_reverse_loop, assert_same_seed_same_numbers, load_script,
+                      run_script)
 
 envpool = pytest.importorskip("envpool")
 
@@ -24,17 +24,7 @@ MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_gae_equals_the_reverse_loop(compiled):
-    module = load_script(SCRIPT)
-    g = torch.Generator().manual_seed(0)
-    rewards, values = torch.randn(128, 8, generator=g).sign(), torch.randn(128, 8, generator=g)
-    dones = (torch.rand(128, 8, generator=g) < 0.05).float()
-    dones[0, 0] = dones[-1, -1] = 1.0  # an episode end into the first and into the last observation
-    next_value, next_done = torch.randn(8, generator=g), torch.tensor([1.0] + [0.0] * 7)
-    gae = module.speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
-    advantages, returns = gae(rewards, values, dones, next_value, next_done)
-    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
-    torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(returns, expected_returns, atol=2e-5, rtol=1e-5)
+    assert_gae_equals_the_reverse_loop(SCRIPT, 128, 8, compiled, seed=0, rewards_sign=True)
 
 
 def test_policy_matches_torch_distributions():
@@ -102,9 +92,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    first, _ = run_script(SCRIPT, TINY, workdir)
-    second, _ = run_script(SCRIPT, TINY, workdir)
-    assert first["eval_returns"] == second["eval_returns"] and first["final_metrics"] == second["final_metrics"]
+    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
 
 
 def test_checkpoint_evaluates_to_the_reported_score(workdir):

@@ -8,7 +8,8 @@ from functools import partial
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-from conftest import SUMMARY_KEYS, load_script, run_script
+from conftest import (SUMMARY_KEYS, assert_gae_equals_the_reverse_loop, assert_same_seed_same_numbers, load_script,
+                      run_script)
 
 SCRIPT = "ppo_continuous_action.py"
 # 4 iterations of 64 steps on Pendulum, 2 epochs of 4 minibatches each.
@@ -18,33 +19,10 @@ MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
          "compile+cudagraphs": ["--compile", "--cudagraphs"]}
 
 
-def reference_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """CleanRL's reverse loop."""
-    advantages, last = torch.zeros_like(rewards), 0
-    for t in reversed(range(len(rewards))):
-        if t == len(rewards) - 1:
-            next_nonterminal, next_values = 1.0 - next_done, next_value
-        else:
-            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
-        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]
-        advantages[t] = last = delta + gamma * gae_lambda * next_nonterminal * last
-    return advantages, advantages + values
-
-
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("steps, envs", [(2048, 1), (37, 3), (1, 2)])
 def test_gae_equals_the_reverse_loop(steps, envs, compiled):
-    module = load_script(SCRIPT)
-    g = torch.Generator().manual_seed(steps)
-    rewards, values = torch.randn(steps, envs, generator=g), torch.randn(steps, envs, generator=g)
-    dones = (torch.rand(steps, envs, generator=g) < 0.05).float()
-    dones[0, 0] = dones[-1, -1] = 1.0  # an episode start at t=0 and at the last step
-    next_value, next_done = torch.randn(envs, generator=g), torch.tensor([1.0] + [0.0] * (envs - 1))
-    gae = module.speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
-    advantages, returns = gae(rewards, values, dones, next_value, next_done)
-    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
-    torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(returns, expected_returns, atol=2e-5, rtol=1e-5)
+    assert_gae_equals_the_reverse_loop(SCRIPT, steps, envs, compiled, seed=steps)
 
 
 def build_update(flags):
@@ -104,9 +82,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    first, _ = run_script(SCRIPT, TINY, workdir)
-    second, _ = run_script(SCRIPT, TINY, workdir)
-    assert first["eval_returns"] == second["eval_returns"] and first["final_metrics"] == second["final_metrics"]
+    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
 
 
 def test_target_kl_stops_the_epochs(workdir):

@@ -7,7 +7,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from conftest import SUMMARY_KEYS, load_script, run_script
+from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script
 from test_ppo_atari import random_policy_scores
 
 envpool = pytest.importorskip("envpool")
@@ -132,9 +132,7 @@ def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    first, _ = run_script(SCRIPT, TINY, workdir)
-    second, _ = run_script(SCRIPT, TINY, workdir)
-    assert first["eval_returns"] == second["eval_returns"] and first["final_metrics"] == second["final_metrics"]
+    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
 
 
 def test_padded_and_loop_runs_take_the_same_steps(workdir):
