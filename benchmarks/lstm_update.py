@@ -39,19 +39,19 @@ def main():
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
     dones = (rng.random((steps, rows)) < 1 / args.episode_length).astype(np.float32)
     layout = [torch.from_numpy(a) for a in script.segment_layout(dones)]
-    minibatch = [torch.randint(0, 256, (steps, rows, 1, 84, 84), dtype=torch.uint8), torch.from_numpy(dones),
-                 torch.zeros(1, rows, 128), torch.zeros(1, rows, 128), *layout,
-                 torch.randint(0, 4, (steps, rows)), *(torch.randn(steps, rows) for _ in range(4))]
+    minibatch = script.Minibatch(torch.randint(0, 256, (steps, rows, 1, 84, 84), dtype=torch.uint8),
+                                 torch.from_numpy(dones), torch.zeros(1, rows, 128), torch.zeros(1, rows, 128), *layout,
+                                 torch.randint(0, 4, (steps, rows)), *(torch.randn(steps, rows) for _ in range(4)))
 
     def cnn_only():
-        loss = agent.features(minibatch[0]).square().mean()
+        loss = agent.features(minibatch.obs).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
     steps_of = {"cnn_only": cnn_only}
     for impl in ("padded", "loop"):
-        steps_of[impl] = partial(script.update, *minibatch, agent=agent, optimizer=optimizer,
+        steps_of[impl] = partial(script.update, minibatch, agent=agent, optimizer=optimizer,
                                  args=script.Args(lstm_impl=impl))
     times = {name: [] for name in steps_of}
     for name, step in steps_of.items():

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import NamedTuple
 
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
 # programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
@@ -193,10 +194,21 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
     return advantages, advantages + values
 
 
-def update(obs, actions, logprobs, advantages, returns, values, *, agent, optimizer, args):
-    """One clipped-surrogate step on a minibatch; metrics stay on the device."""
-    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    logratio = new_logprob - logprobs
+class Batch(NamedTuple):
+    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+
+
+def update(minibatch, *, agent, optimizer, args):
+    """One clipped-surrogate step on a minibatch (a Batch); metrics stay on the device."""
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
+    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
@@ -370,13 +382,13 @@ if __name__ == "__main__":
         by_row = [t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)]
         obs_rows, action_rows, logprob_rows, reward_rows, done_rows, value_rows = by_row
         advantages, returns = gae_step(reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T])
-        batch = [t[:T].flatten(0, 1) for t in (obs_rows, action_rows, logprob_rows)]
-        batch += [advantages.flatten(), returns.flatten(), value_rows[:T].flatten()]
+        batch = Batch(obs_rows[:T].flatten(0, 1), action_rows[:T].flatten(0, 1), logprob_rows[:T].flatten(0, 1),
+                      advantages.flatten(), returns.flatten(), value_rows[:T].flatten())
         for _ in range(args.update_epochs):
             order = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
                 indices = order[start : start + minibatch_size]
-                metrics = update_step(*(t[indices] for t in batch))
+                metrics = update_step(Batch._make(t[indices] for t in batch))
                 num_updates += 1
             if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
                 break

@@ -16,6 +16,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import NamedTuple
 from typing import Literal
 
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
@@ -245,17 +246,35 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
     return advantages, advantages + values
 
 
-def ppo_loss(obs, dones, h, c, frame_index, state_index, output_index, actions, logprobs, advantages, returns,
-             values, *, agent, args):
-    """The clipped PPO loss of a minibatch of whole env rows: tensors (T, B, ...), initial states (1, B, 128).
-    The padded LSTM's outputs are gathered back to (T, B), so padding never reaches a loss term."""
-    features = agent.features(obs)
+class Minibatch(NamedTuple):
+    """Whole env rows of the rollout: tensors (T, B, ...), the LSTM states they started from (1, B, 128), and
+    their segment layout (`segment_layout`; empty tensors for the loop)."""
+    obs: torch.Tensor
+    dones: torch.Tensor
+    initial_h: torch.Tensor
+    initial_c: torch.Tensor
+    frame_index: torch.Tensor
+    state_index: torch.Tensor
+    output_index: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+
+
+def ppo_loss(minibatch, *, agent, args):
+    """The clipped PPO loss of a Minibatch. The padded LSTM's outputs are gathered back to (T, B), so padding
+    never reaches a loss term."""
+    features, h, c = agent.features(minibatch.obs), minibatch.initial_h, minibatch.initial_c
     if args.lstm_impl == "loop":
-        hidden, _ = lstm_loop(agent.lstm, features, h, c, dones)
+        hidden, _ = lstm_loop(agent.lstm, features, h, c, minibatch.dones)
     else:
-        hidden = lstm_padded(agent.lstm, features, h, c, frame_index, state_index, output_index)
-    _, new_logprob, entropy, new_value = agent.heads(hidden, actions)
-    logratio = new_logprob - logprobs
+        hidden = lstm_padded(agent.lstm, features, h, c, minibatch.frame_index, minibatch.state_index,
+                             minibatch.output_index)
+    _, new_logprob, entropy, new_value = agent.heads(hidden, minibatch.actions)
+    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
@@ -274,9 +293,9 @@ def ppo_loss(obs, dones, h, c, frame_index, state_index, output_index, actions, 
                   "approx_kl": approx_kl, "clipfrac": clipfrac}
 
 
-def update(*minibatch, agent, optimizer, args):
+def update(minibatch, *, agent, optimizer, args):
     """One gradient step on `ppo_loss`; metrics stay on the device."""
-    loss, metrics = ppo_loss(*minibatch, agent=agent, args=args)
+    loss, metrics = ppo_loss(minibatch, agent=agent, args=args)
     optimizer.zero_grad()
     loss.backward()
     metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
@@ -422,9 +441,9 @@ if __name__ == "__main__":
                     layout = no_layout
                     padded_steps += T * len(env_ids)
                 columns = torch.from_numpy(env_ids).to(device)
-                minibatch = [obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns], *layout]
-                minibatch += [t[:, columns] for t in (actions, logprobs, advantages, returns, values)]
-                metrics = update_steps[layout[0].shape[-1]](*minibatch)
+                minibatch = Minibatch(obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns],
+                                      *layout, *(t[:, columns] for t in (actions, logprobs, advantages, returns, values)))
+                metrics = update_steps[layout[0].shape[-1]](minibatch)
                 num_updates += 1
 
         for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration

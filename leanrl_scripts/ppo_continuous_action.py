@@ -17,6 +17,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -197,10 +198,21 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
     return advantages, advantages + values
 
 
-def update(obs, actions, logprobs, advantages, returns, values, *, agent, optimizer, args):
-    """One clipped-surrogate step on a minibatch; metrics stay on the device."""
-    _, new_logprob, entropy, new_value = agent.get_action_and_value(obs, actions)
-    logratio = new_logprob - logprobs
+class Batch(NamedTuple):
+    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+
+
+def update(minibatch, *, agent, optimizer, args):
+    """One clipped-surrogate step on a minibatch (a Batch); metrics stay on the device."""
+    _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
+    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
@@ -353,12 +365,12 @@ if __name__ == "__main__":
                     writer.add_scalar("charts/episodic_return", episode_return, global_step)
 
         advantages, returns = gae_step(rewards, values, dones, agent_view.get_value(next_obs), next_done)
-        batch = [t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values)]
+        batch = Batch._make(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values))
         for _ in range(args.update_epochs):
             order = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
                 indices = order[start : start + minibatch_size]
-                metrics = update_step(*(t[indices] for t in batch))
+                metrics = update_step(Batch._make(t[indices] for t in batch))
                 num_updates += 1
             if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
                 break

@@ -67,8 +67,8 @@ def test_sped_up_update_equals_eager(flags):
         obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8, generator=g)
         actions, logprobs = torch.randint(0, 4, (32,), generator=g), torch.randn(32, generator=g) - 1.4
         advantages, returns, values = (torch.randn(32, generator=g) for _ in range(3))
-        batch = (obs, actions, logprobs, advantages, returns, values)
-        expected, got = eager_update(*batch), fast_update(*batch)
+        batch = load_script(SCRIPT).Batch(obs, actions, logprobs, advantages, returns, values)
+        expected, got = eager_update(batch), fast_update(batch)
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], atol=1e-4, rtol=1e-4)
     for name, value in eager_agent.state_dict().items():

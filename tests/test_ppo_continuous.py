@@ -44,8 +44,8 @@ def test_sped_up_update_equals_eager(flags):
         obs, actions = torch.randn(64, 5, generator=g), torch.randn(64, 3, generator=g)
         logprobs, advantages = torch.randn(64, generator=g) - 3, torch.randn(64, generator=g)
         returns, values = torch.randn(64, generator=g), torch.randn(64, generator=g)
-        batch = (obs, actions, logprobs, advantages, returns, values)
-        expected, got = eager_update(*batch), fast_update(*batch)
+        batch = load_script(SCRIPT).Batch(obs, actions, logprobs, advantages, returns, values)
+        expected, got = eager_update(batch), fast_update(batch)
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-5)
     for name, value in eager_agent.state_dict().items():

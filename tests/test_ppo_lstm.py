@@ -84,7 +84,7 @@ def loss_and_gradients(module, agent, minibatch, impl, compiled):
     if compiled:
         loss_fn = torch.compile(loss_fn)
     agent.zero_grad()
-    loss, metrics = loss_fn(*minibatch)
+    loss, metrics = loss_fn(minibatch)
     loss.backward()
     return loss.detach(), metrics, {name: p.grad.clone() for name, p in agent.named_parameters()}
 
@@ -103,7 +103,7 @@ def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
     layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
     actions = torch.randint(0, 4, (num_steps, batch), generator=g)
     logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
-    minibatch = (obs, dones, h, c, *layout, actions, logprobs - 1.4, advantages, returns, values)
+    minibatch = module.Minibatch(obs, dones, h, c, *layout, actions, logprobs - 1.4, advantages, returns, values)
     loop_loss, loop_metrics, loop_grads = loss_and_gradients(module, agent, minibatch, "loop", False)
     loss, metrics, grads = loss_and_gradients(module, agent, minibatch, "padded", compiled)
     torch.testing.assert_close(loss, loop_loss, atol=1e-5, rtol=1e-5)
