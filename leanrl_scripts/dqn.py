@@ -180,33 +180,35 @@ class Counts(ctypes.Structure):
 class RateLimiter:
     """Reverb's SampleToInsertRatio. With diff = inserts x samples_per_insert - samples, an insert waits while it
     would push diff above min_size x samples_per_insert + error_buffer; a sample waits until min_size transitions
-    are in and while it would pull diff below min_size x samples_per_insert - error_buffer. The arithmetic is
-    exact (fractions): with no error buffer, a sample is allowed exactly when the inserts owe an update.
-    Without `ctx` (no actor process) nothing waits: inserts always go in, a sample is allowed or not at once.
-    With one, each counter has one writer (inserts: the actor, samples: the learner), so no mutex guards them: a
-    waiting side sleeps on a semaphore that the other side posts after each step and re-checks its condition (a
-    condition variable without the mutex: a process killed mid-step leaves no lock held); the one-second
-    timeout only checks that the other side lives."""
+    are in and while it would pull diff below min_size x samples_per_insert - error_buffer. The ratio is kept as a
+    fraction p / q and diff scaled by q, so a whole ratio's arithmetic is exact integers: with no error buffer, a
+    sample is allowed exactly when the inserts owe an update. Without `ctx` (no actor process) nothing waits:
+    inserts always go in, a sample is allowed or not at once. With one, each counter has one writer (inserts: the
+    actor, samples: the learner), so no mutex guards them: a waiting side sleeps on a semaphore that the other
+    side posts after each step and re-checks its condition (a condition variable without the mutex: a process
+    killed mid-step leaves no lock held); the one-second timeout only checks that the other side lives."""
 
     def __init__(self, samples_per_insert, min_size, error_buffer=0, ctx=None):
-        self.samples_per_insert, self.min_size = Fraction(samples_per_insert), min_size
-        self.min_diff = min_size * self.samples_per_insert - Fraction(error_buffer)
-        self.max_diff = min_size * self.samples_per_insert + Fraction(error_buffer) if ctx else math.inf
+        ratio = Fraction(samples_per_insert)
+        self.p, self.q, self.min_size = ratio.numerator, ratio.denominator, min_size
+        self.min_scaled = min_size * self.p - error_buffer * self.q  # (min_size x spi - error_buffer) x q
+        self.max_scaled = min_size * self.p + error_buffer * self.q if ctx else math.inf
         self.counts = ctx.RawValue(Counts) if ctx else Counts()
         self.insert_posted, self.sample_posted = (ctx.Semaphore(0), ctx.Semaphore(0)) if ctx else (None, None)
 
     inserts = property(lambda self: self.counts.inserts)
     samples = property(lambda self: self.counts.samples)
-
-    def diff(self, new_inserts=0, new_samples=0):
-        return (self.inserts + new_inserts) * self.samples_per_insert - self.samples - new_samples
+    min_diff = property(lambda self: self.min_scaled / self.q)
+    max_diff = property(lambda self: self.max_scaled / self.q)
 
     def await_insert(self, n, other_alive=lambda: True):
-        return self._wait(lambda: not self.counts.closed and self.diff(new_inserts=n) <= self.max_diff,
+        return self._wait(lambda: not self.counts.closed
+                          and (self.inserts + n) * self.p - self.samples * self.q <= self.max_scaled,
                           self.sample_posted, other_alive)
 
     def await_sample(self, n, other_alive=lambda: True):
-        return self._wait(lambda: self.inserts >= self.min_size and self.diff(new_samples=n) >= self.min_diff,
+        return self._wait(lambda: self.inserts >= self.min_size
+                          and self.inserts * self.p - (self.samples + n) * self.q >= self.min_scaled,
                           self.insert_posted, other_alive)
 
     def _wait(self, ready, posted, other_alive):
@@ -510,8 +512,8 @@ if __name__ == "__main__":
         envs.close()
         ctx = mp.get_context("spawn")
         # The band must fit one actor step and one batch, or each side could wait on the other forever.
-        error_buffer = max(args.replay_tolerance * args.learning_starts * replay_ratio,
-                           args.num_envs * replay_ratio + args.batch_size)
+        error_buffer = float(max(args.replay_tolerance * args.learning_starts * replay_ratio,
+                                 args.num_envs * replay_ratio + args.batch_size))
         limiter = RateLimiter(replay_ratio, args.learning_starts, error_buffer, ctx)
         # While the learner gathers a batch the actor can insert at most this many transitions (then the band
         # stops it): rows beyond buffer_size keep them from overwriting anything the batch may read.
