@@ -2,7 +2,8 @@
 # Reproduce every speed table: each benchmarks/<algo>.sh in every mode, then the collector.
 #   ./run.sh [FOLDER]          full budgets, results in FOLDER (default benchmarks/results/<machine-tag>/)
 #   ./run.sh --quick [FOLDER]  short budgets (a few minutes per script on a CPU)
-#   ./run.sh --smoke [FOLDER]  tiny Pendulum budgets into a temporary folder (what CI runs)
+#   ./run.sh --smoke [FOLDER]  tiny budgets into a temporary folder (CI runs it with MODES="eager compile+cudagraphs")
+#   MODES="eager compile" ./run.sh ...  only those modes (default: all four)
 set -euo pipefail
 cd "$(dirname "$0")"
 export BENCH_PROFILE=full

@@ -68,8 +68,10 @@ def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
     assert cells[6:8] == ["125", "0.91"] and row.endswith("| 4 x 2 | 0.50 | 110 | 2.2 / 5 |")
 
 
-def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable}
+def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
+    """Two of the four modes (CI time: all four took 9.5 of CI's 40 minutes): eager, the collector's baseline,
+    and compile+cudagraphs, the path no other test runs for some scripts; each script's own tests run the rest."""
+    env = {**os.environ, "PYTHON": sys.executable, "MODES": "eager compile+cudagraphs"}
     proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,7 +85,7 @@ def test_run_sh_smoke_produces_a_table_for_every_script_and_mode(tmp_path):
         assert run["num_actors"] == num_actors and run["sps"] > 0 and (run["replay_ratio"] > 0) == (name == "impala_replay")
         assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
     for name, env_id in names.items():
-        for mode in ("eager", "compile", "cudagraphs", "compile+cudagraphs"):
+        for mode in ("eager", "compile+cudagraphs"):
             run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())
             assert run["mode"] == mode and run["env_id"] == env_id and run["sps"] > 0
             assert run.get("envpool_async", False) == (name == "ppo_atari_async")
