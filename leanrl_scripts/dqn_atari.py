@@ -506,8 +506,7 @@ class Player:
 
 def run_actor(args, rb, limiter, actor_q, weights_lock, reports):
     """The actor process: a Player on the CPU with `actor_q` (shared memory, refreshed by the learner under
-    `weights_lock`); any error goes to `reports` as text. Ctrl-C is the learner's to handle: it stops us."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    `weights_lock`); any error goes to `reports` as text. It starts with Ctrl-C ignored (see ActorProcess)."""
     try:
         torch.set_num_threads(1)  # one core plays, the others train
         envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
