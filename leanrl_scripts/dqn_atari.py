@@ -10,6 +10,7 @@ CUDA graphs.
 
 import copy
 import ctypes
+import io
 import json
 import math
 import os
@@ -31,7 +32,10 @@ from typing import Literal
 # other programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import cv2
+try:
+    import cv2
+except ModuleNotFoundError:  # only the gymnasium back-end needs it; --help works without it
+    cv2 = None
 import gymnasium as gym
 import numpy as np
 import torch
@@ -59,7 +63,7 @@ class Args:
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
     """envpool (its own Atari preprocessing) or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together"""
+    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -105,14 +109,56 @@ class Args:
     """evaluation games at the end of the run (whole games, true score, epsilon 0.05)"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
+    load_model: str = ""
+    """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
 
 
 LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
 
 
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def check_fits(num_bytes, device, flag):
+    """A buffer larger than the device's memory fails now, not hours later (a CPU tensor's pages are only
+    touched as it fills)."""
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+class Stopped(Exception):
+    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
+    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
+
+
+def note_signal(signum, frame):
+    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
+    writer queue, left with a lock taken, then hangs the exit)."""
+    SIGNALS_RECEIVED.append(signum)
+
+
+def check_signals():
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def check_finite(values, step):
+    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 class NoopReset(gym.Wrapper):
@@ -240,8 +286,10 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool"):
     info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends
     a game (with envpool) or any episode (gymnasium), the next step resets that env and is not a transition."""
     if backend == "envpool":
-        import envpool  # imported here: the gymnasium back-end runs without it
-
+        try:
+            import envpool  # imported here: the gymnasium back-end runs without it
+        except ModuleNotFoundError:
+            fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
         if env_id not in envpool.list_all_envs():
             fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -249,8 +297,12 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool"):
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
                             episodic_life=True, reward_clip=True, seed=seed)
-    import ale_py  # registers the ALE/ ids
-
+    try:
+        import ale_py  # registers the ALE/ ids
+    except ModuleNotFoundError:
+        ale_py = None
+    if ale_py is None or cv2 is None:
+        fail('the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"')
     gym.register_envs(ale_py)
     try:
         envs = gym.vector.SyncVectorEnv([partial(make_gym_env, env_id)] * num_envs,
@@ -606,6 +658,7 @@ def evaluate(q_network, envs, device, seed):
     rng, num_actions = np.random.default_rng(seed), int(getattr(envs, "single_action_space", envs.action_space).n)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
+        check_signals()
         actions = epsilon_greedy(partial(policy, q_network=q_network), obs, 0.05, rng, num_actions, device)
         obs, _, _, truncations, infos = envs.step(actions.astype(np.int32))
         returns += infos["reward"] * ~finished
@@ -613,17 +666,27 @@ def evaluate(q_network, envs, device, seed):
     return returns.tolist()
 
 
-def write_atomic(path, write):
-    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
-    with open(path + ".tmp", "wb") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
+def write_atomic(path, data):
+    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
+    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     start_time = time.perf_counter()
-    for name in ("total_timesteps", "num_envs", "batch_size", "buffer_size", "train_frequency", "steps_per_update",
+    if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
+        fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
+    for name in ("num_envs", "batch_size", "buffer_size", "train_frequency", "steps_per_update",
                  "actor_sync_every", "target_network_frequency"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
@@ -631,6 +694,14 @@ if __name__ == "__main__":
         fail("--torch-threads must be 0 (chosen for this machine) or positive")
     if not 0 < args.exploration_fraction <= 1 or not 0 < args.tau <= 1:
         fail("--exploration-fraction and --tau must be in (0, 1]")
+    if not 0 < args.learning_rate < math.inf:  # also refuses nan
+        fail("--learning-rate must be a positive number")
+    if not 0 <= args.gamma <= 1 or args.eval_episodes < 0:
+        fail("--gamma must be in [0, 1], --eval-episodes at least 0")
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
+    if args.load_model and not os.path.isfile(args.load_model):
+        fail(f"--load-model: no checkpoint at {args.load_model}")
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -649,7 +720,19 @@ if __name__ == "__main__":
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    # a transition is a stored 84x84 frame, its action, reward, termination and two flags
+    check_fits(args.buffer_size * (84 * 84 + 18), device if not args.async_actor else torch.device("cpu"), "--buffer-size")
     q_network = QNetwork(num_actions).to(device)
+    loaded = {}
+    if args.load_model:
+        try:
+            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
+            if loaded["num_actions"] != num_actions:
+                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, which has "
+                     f"{loaded['num_actions']} actions; {args.env_id} has {num_actions}")
+            q_network.load_state_dict(loaded["q_network"])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
     target_network = QNetwork(num_actions).to(device).requires_grad_(False)
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
@@ -659,6 +742,8 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
     optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),
                                  fused=True, capturable=cudagraphs_active)
+    if loaded:
+        optimizer.load_state_dict(loaded["optimizer"])
 
     policy_step = partial(policy, q_network=q_view)
     update_step = partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
@@ -695,14 +780,20 @@ if __name__ == "__main__":
         progress = Progress(queue.SimpleQueue(), writer)
         player = Player(args, envs, policy_step, rb, device, limiter, progress.reports)
 
-    num_updates, loss, wait_seconds = 0, None, 0.0
+    num_updates, loss, wait_seconds, stopped = 0, None, 0.0, None
     steady_start_time = steady_start_step = None
+    next_line_time = time.perf_counter()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, note_signal)
     try:
         while num_updates < total_updates:  # the updates owed end the run; the player may play a few steps after
+            check_signals()
             player.play(args.steps_per_update)  # here; the actor process plays on its own
             wait_start = time.perf_counter()  # the learner waits only for an actor process
             while num_updates < total_updates and limiter.await_sample(args.batch_size, player.alive):
                 wait_seconds += time.perf_counter() - wait_start
+                check_signals()
                 if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
                     if device.type == "cuda":
                         torch.cuda.synchronize()
@@ -720,6 +811,7 @@ if __name__ == "__main__":
                 if num_updates % LOG_EVERY == 0:
                     loss_value, q_value = torch.stack([loss, q_values]).tolist()  # one sync per LOG_EVERY updates
                     step = limiter.inserts
+                    check_finite({"td_loss": loss_value, "q_values": q_value}, step)
                     writer.add_scalar("losses/td_loss", loss_value, step)
                     writer.add_scalar("losses/q_values", q_value, step)
                     writer.add_scalar("charts/epsilon", epsilon_at(step, args), step)
@@ -728,18 +820,24 @@ if __name__ == "__main__":
                     if steady_start_time is not None and step > steady_start_step:
                         sps = (step - steady_start_step) / (time.perf_counter() - steady_start_time)
                         writer.add_scalar("charts/SPS", sps, step)
+                        if time.perf_counter() >= next_line_time:  # no bar to update: a line, also on a terminal
+                            recent = f"{np.mean(progress.recent_returns):.1f}" if progress.recent_returns else "none yet"
+                            print(f"step {step}/{played}: {sps:.0f} SPS, return {recent}", file=sys.stderr, flush=True)
+                            next_line_time = time.perf_counter() + LINE_EVERY
                     progress.drain()
                 wait_start = time.perf_counter()
             progress.drain()
         player.finish()
-    except (ChildProcessError, KeyboardInterrupt) as error:
-        limiter.close()  # an actor process leaves its loop at its next step
+        check_finite({"td_loss": loss.item() if loss is not None else 0.0}, limiter.inserts)
+    except ChildProcessError:
+        limiter.close()
         player.stop()
-        if isinstance(error, KeyboardInterrupt):
-            print("interrupted: the learner and the actor stopped", file=sys.stderr)
-            sys.exit(130)
         print(f"error: the actor process died ({player.failure()}); the learner stops", file=sys.stderr)
         sys.exit(1)
+    except Stopped as stop:
+        stopped = stop
+        limiter.close()  # an actor process leaves its loop at its next step
+        player.stop()
     progress.drain()
 
     if device.type == "cuda":
@@ -751,15 +849,17 @@ if __name__ == "__main__":
     steady_steps, steady_seconds = end_step - steady_start_step, end_time - steady_start_time
 
     eval_returns = []
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and not stopped:
         eval_envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend)
-        eval_returns = evaluate(q_view, eval_envs, device, seed=args.seed)
+        try:
+            eval_returns = evaluate(q_view, eval_envs, device, seed=args.seed)
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
+        except Stopped as stop:
+            stopped = stop
         eval_envs.close()
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
-    if args.save_model:
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
-                      "q_network": q_network.state_dict(), "optimizer": optimizer.state_dict()}
-        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+    # What remains writes two files in about a second: a signal now would leave them half done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     summary = {
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
@@ -777,9 +877,23 @@ if __name__ == "__main__":
         "final_td_loss": loss.item() if loss is not None else None,
         "replay_ratio_target": float(replay_ratio),
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, end_step - args.learning_starts),
+        "steps_done": end_step, "stopped": str(stopped) if stopped else None,
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
     writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    diverged = stopped is not None and stopped.exit_code == 1
+    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "q_network": q_network.state_dict(), "optimizer": optimizer.state_dict()}
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save(checkpoint, buffer)
+        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
+    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+    print(f"{end_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
     print("SPEED " + json.dumps(summary))
+    if stopped:
+        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

@@ -7,10 +7,13 @@ command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto
     python leanrl_scripts/impala_ray.py --env-id Breakout-v5 --num-actors 4 --compile
 """
 
+import io
 import json
+import math
 import os
 import random
 import resource
+import signal
 import socket
 import sys
 import time
@@ -24,7 +27,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np
-import ray
+try:
+    import ray
+except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+    ray = None
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -104,9 +110,42 @@ class Args:
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
 
 
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
+
+
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class Stopped(Exception):
+    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
+    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
+
+
+def note_signal(signum, frame):
+    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
+    writer queue, left with a lock taken, then hangs the exit)."""
+    SIGNALS_RECEIVED.append(signum)
+
+
+def check_signals():
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def check_finite(values, step):
+    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def usable_cores():
@@ -139,12 +178,13 @@ def env_kind(env_id):
         if env_id in envpool.list_all_envs() and type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec":
             return "atari"
     except ImportError:
-        pass
+        envpool = None
     try:
         env = gym.make(env_id)
     except gym.error.Error as error:
+        missing = '' if envpool else '; Atari games need envpool: pip install ".[envpool]"'
         fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "
-             f"({error})")
+             f"({error}){missing}")
     env.close()  # only its spaces are needed
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -450,6 +490,7 @@ def evaluate(agent, envs, device):
     obs, _ = envs.reset()
     returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
     while not finished.all():
+        check_signals()
         with torch.no_grad():
             logits = agent(torch.as_tensor(obs, device=device))[0]
         actions = torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)
@@ -459,15 +500,25 @@ def evaluate(agent, envs, device):
     return returns.tolist()
 
 
-def write_atomic(path, write):
-    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
-    with open(path + ".tmp", "wb") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
+def write_atomic(path, data):
+    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
+    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    if ray is None:
+        fail('Ray is not installed: pip install ".[ray]"')
     start_time = time.perf_counter()
     for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every",
                  "replay_size"):
@@ -475,6 +526,10 @@ if __name__ == "__main__":
             fail(f"--{name.replace('_', '-')} must be positive")
     if args.torch_threads < 0:
         fail("--torch-threads must be 0 (chosen for this machine) or positive")
+    if not 0 < args.learning_rate < math.inf:  # also refuses nan
+        fail("--learning-rate must be a positive number")
+    if not 0 <= args.gamma <= 1 or args.eval_episodes < 0:
+        fail("--gamma must be in [0, 1], --eval-episodes at least 0")
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)
@@ -532,46 +587,61 @@ if __name__ == "__main__":
     recent_returns, metrics = deque(maxlen=20), {}
     global_step = actor_steps = 0
     learner_wait = actor_busy = actor_env_seconds = 0.0
-    lags = []
+    lags, stopped = [], None
     steady_start_time = steady_start_step = None
-    while global_step < args.total_timesteps:
-        if num_updates == args.measure_burnin:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            steady_start_time, steady_start_step = time.perf_counter(), global_step
-            learner_wait = actor_busy = actor_env_seconds = actor_steps = 0
-        for call_index in range(calls_per_batch):  # each call brings envs_per_actor columns of the batch
-            result, waited = actor_pool.next_unroll()
-            learner_wait += waited
-            columns = slice(call_index * envs_per_actor, (call_index + 1) * envs_per_actor)
-            for stage, part in zip(staging_np, result["unroll"]):
-                stage[:, columns] = part
-            lags.append(num_updates - result["version"])
-            actor_steps, global_step = actor_steps + steps_per_call, global_step + steps_per_call
-            actor_busy, actor_env_seconds = actor_busy + result["seconds"], actor_env_seconds + result["env_seconds"]
-            for episode_return in result["returns"]:
-                recent_returns.append(episode_return)
-                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+    next_line_time = time.perf_counter()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, note_signal)
+    try:
+        while global_step < args.total_timesteps:
+            if num_updates == args.measure_burnin:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                steady_start_time, steady_start_step = time.perf_counter(), global_step
+                learner_wait = actor_busy = actor_env_seconds = actor_steps = 0
+            for call_index in range(calls_per_batch):  # each call brings envs_per_actor columns of the batch
+                check_signals()
+                result, waited = actor_pool.next_unroll()
+                learner_wait += waited
+                columns = slice(call_index * envs_per_actor, (call_index + 1) * envs_per_actor)
+                for stage, part in zip(staging_np, result["unroll"]):
+                    stage[:, columns] = part
+                lags.append(num_updates - result["version"])
+                actor_steps, global_step = actor_steps + steps_per_call, global_step + steps_per_call
+                actor_busy, actor_env_seconds = actor_busy + result["seconds"], actor_env_seconds + result["env_seconds"]
+                for episode_return in result["returns"]:
+                    recent_returns.append(episode_return)
+                    writer.add_scalar("charts/episodic_return", episode_return, global_step)
 
-        if args.anneal_lr:
-            learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
-        # Reusing the staging buffers is safe: the metrics' .tolist() below waits for the update, hence the copy.
-        batch = [t.to(device, non_blocking=True) for t in staging]
-        if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
-            replay.add(batch)
-            replayed = replay.sample(num_replayed, replay_generator)
-            batch = [torch.cat([fresh, old], 1) for fresh, old in zip(batch, replayed)]
-        metrics = update_step(*batch)
-        num_updates += 1
-        if num_updates % args.broadcast_every == 0:
-            actor_pool.publish(ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates)
+            if args.anneal_lr:
+                learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
+            # Reusing the staging buffers is safe: the metrics' .tolist() below waits for the update, hence the copy.
+            batch = [t.to(device, non_blocking=True) for t in staging]
+            if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
+                replay.add(batch)
+                replayed = replay.sample(num_replayed, replay_generator)
+                batch = [torch.cat([fresh, old], 1) for fresh, old in zip(batch, replayed)]
+            metrics = update_step(*batch)
+            num_updates += 1
+            if num_updates % args.broadcast_every == 0:
+                actor_pool.publish(ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates)
 
-        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per update
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/policy_lag", lags[-1], global_step)
-        if steady_start_time is not None and global_step > steady_start_step:
-            sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
-            writer.add_scalar("charts/SPS", sps, global_step)
+            logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync per update
+            check_finite(logged, global_step)
+            for name, value in logged.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/policy_lag", lags[-1], global_step)
+            if steady_start_time is not None and global_step > steady_start_step:
+                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                if time.perf_counter() >= next_line_time:  # no bar to update: a line, also on a terminal
+                    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
+                    print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
+                          flush=True)
+                    next_line_time = time.perf_counter() + LINE_EVERY
+    except Stopped as stop:
+        stopped = stop
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -582,16 +652,18 @@ if __name__ == "__main__":
     steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
 
     eval_returns = []
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and not stopped:
         eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
         torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
-        eval_returns = evaluate(agent, eval_envs, device)
+        try:
+            eval_returns = evaluate(agent, eval_envs, device)
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+        except Stopped as stop:
+            stopped = stop
         eval_envs.close()
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-    if args.save_model:
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
-                      "agent": agent.state_dict()}
-        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+    # What remains writes two files in about a second: a signal now would leave them half done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     summary = {
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed,
@@ -613,12 +685,26 @@ if __name__ == "__main__":
         "learner_wait_seconds": learner_wait,
         # what the actors would produce if they never waited: their steps over the time their calls took
         "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
-        "policy_lag_mean": float(np.mean(lags)), "policy_lag_max": int(np.max(lags)),
+        "policy_lag_mean": float(np.mean(lags)) if lags else None, "policy_lag_max": max(lags, default=None),
         "actor_restarts": actor_pool.restarts, "unrolls_lost": actor_pool.unrolls_lost,
         "final_metrics": {k: v.item() for k, v in metrics.items()},
+        "steps_done": global_step, "stopped": str(stopped) if stopped else None,
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
     writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    diverged = stopped is not None and stopped.exit_code == 1
+    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "agent": agent.state_dict()}
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save(checkpoint, buffer)
+        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
+    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+    print(f"{global_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
     print("SPEED " + json.dumps(summary))
+    if stopped:
+        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

@@ -7,10 +7,13 @@ GAE is a log-depth scan; the policy step, GAE and update can be wrapped in torch
     python leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --compile --cudagraphs
 """
 
+import io
 import json
+import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from collections import deque
@@ -22,7 +25,10 @@ from typing import NamedTuple
 # programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import envpool
+try:
+    import envpool
+except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+    envpool = None
 import numpy as np
 import torch
 import torch.nn as nn
@@ -95,9 +101,42 @@ class Args:
     """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
 
 
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
+
+
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class Stopped(Exception):
+    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
+    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
+
+
+def note_signal(signum, frame):
+    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
+    writer queue, left with a lock taken, then hangs the exit)."""
+    SIGNALS_RECEIVED.append(signum)
+
+
+def check_signals():
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def check_finite(values, step):
+    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def usable_cores():
@@ -247,6 +286,7 @@ def evaluate(agent, envs, device):
     obs, _ = envs.reset()
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
+        check_signals()
         with torch.no_grad():
             actions = policy(torch.from_numpy(obs).to(device), agent=agent)[0]
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -255,15 +295,25 @@ def evaluate(agent, envs, device):
     return returns.tolist()
 
 
-def write_atomic(path, write):
-    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
-    with open(path + ".tmp", "wb") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
+def write_atomic(path, data):
+    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
+    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    if envpool is None:
+        fail('envpool is not installed: pip install ".[envpool]"')
     start_time = time.perf_counter()
     if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
         fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
@@ -272,11 +322,17 @@ if __name__ == "__main__":
             fail(f"--{name.replace('_', '-')} must be positive")
     if args.torch_threads < 0:
         fail("--torch-threads must be 0 (chosen for this machine) or positive")
+    if not 0 < args.learning_rate < math.inf:  # also refuses nan
+        fail("--learning-rate must be a positive number")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1 or args.eval_episodes < 0:
+        fail("--gamma and --gae-lambda must be in [0, 1], --eval-episodes at least 0")
     if args.envpool_async and args.num_envs % 2:
         fail(f"--envpool-async steps half of the envs at a time: --num-envs {args.num_envs} must be even")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")
+    if 0 < args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     if args.load_model and not os.path.isfile(args.load_model):
@@ -303,12 +359,15 @@ if __name__ == "__main__":
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
     if args.load_model:
-        loaded = torch.load(args.load_model, map_location=device, weights_only=True)
-        if loaded["num_actions"] != num_actions:
-            fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, which has "
-                 f"{loaded['num_actions']} actions; {args.env_id} has {num_actions}")
-        agent.load_state_dict(loaded["agent"])
-        optimizer.load_state_dict(loaded["optimizer"])
+        try:
+            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
+            if loaded["num_actions"] != num_actions:
+                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, which has "
+                     f"{loaded['num_actions']} actions; {args.env_id} has {num_actions}")
+            agent.load_state_dict(loaded["agent"])
+            optimizer.load_state_dict(loaded["optimizer"])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
     agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
@@ -334,74 +393,93 @@ if __name__ == "__main__":
     staging = torch.empty((env_batch, *envs.observation_space.shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
     episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
+    recent_returns, metrics, num_updates, env_seconds, stopped = deque(maxlen=20), {}, 0, 0.0, None
+    next_line_time = time.perf_counter()
     steady_start_time = steady_start_step = None
     envs.async_reset()
     global_step = -args.num_envs  # the first recv of each env brings its reset observation, not a step
-    for iteration in tqdm(range(num_iterations), disable=not sys.stderr.isatty()):
-        if iteration == args.measure_burnin:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
-        lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
-        learning_rate.fill_(lr_now)
+    progress = tqdm(range(num_iterations), disable=not sys.stderr.isatty())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, note_signal)
+    try:
+        for iteration in progress:
+            if iteration == args.measure_burnin:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+            lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
+            learning_rate.fill_(lr_now)
 
-        while row_of_env.min() <= args.num_steps:
-            env_start = time.perf_counter()
-            next_obs_np, reward, terminations, truncations, infos = envs.recv()
-            env_seconds += time.perf_counter() - env_start
-            env_ids = infos["env_id"]
-            if row_of_env[env_ids].max() >= rows:
-                raise RuntimeError(f"env {env_ids[row_of_env[env_ids].argmax()]} ran {args.num_steps} steps ahead of another")
-            # one small host-to-device copy for the rewards, dones and storage indices together
-            step_data = np.stack([reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids])
-            step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
-            index = step_data[2].long()
-            np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
-            next_obs = staging.to(device, non_blocking=True)
-            next_obs = next_obs.contiguous(memory_format=torch.channels_last)  # once, for the storage and the policy
-            obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
-            action, logprobs[index], values[index] = policy_step(next_obs)
-            actions[index] = action
-            env_start = time.perf_counter()
-            envs.send(action.cpu().numpy(), env_ids)
-            env_seconds += time.perf_counter() - env_start
-            row_of_env[env_ids] += 1
-            global_step += len(env_ids)
-            # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
-            episode_returns[env_ids] += infos["reward"]
-            episode_lengths[env_ids] += 1
-            for env_id in env_ids[infos["terminated"].astype(bool) | truncations]:
-                recent_returns.append(episode_returns[env_id])
-                writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
-                writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
-                episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+            while row_of_env.min() <= args.num_steps:
+                check_signals()
+                env_start = time.perf_counter()
+                next_obs_np, reward, terminations, truncations, infos = envs.recv()
+                env_seconds += time.perf_counter() - env_start
+                env_ids = infos["env_id"]
+                if row_of_env[env_ids].max() >= rows:
+                    raise RuntimeError(f"env {env_ids[row_of_env[env_ids].argmax()]} ran {args.num_steps} steps ahead of another")
+                # one small host-to-device copy for the rewards, dones and storage indices together
+                step_data = np.stack([reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids])
+                step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
+                index = step_data[2].long()
+                np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
+                next_obs = staging.to(device, non_blocking=True)
+                next_obs = next_obs.contiguous(memory_format=torch.channels_last)  # once, for the storage and the policy
+                obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
+                action, logprobs[index], values[index] = policy_step(next_obs)
+                actions[index] = action
+                env_start = time.perf_counter()
+                envs.send(action.cpu().numpy(), env_ids)
+                env_seconds += time.perf_counter() - env_start
+                row_of_env[env_ids] += 1
+                global_step += len(env_ids)
+                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                episode_returns[env_ids] += infos["reward"]
+                episode_lengths[env_ids] += 1
+                for env_id in env_ids[infos["terminated"].astype(bool) | truncations]:
+                    recent_returns.append(episode_returns[env_id])
+                    writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
+                    writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
+                    episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
-        # views as (row, env); row T = num_steps is each env's bootstrap observation
-        T = args.num_steps
-        by_row = [t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)]
-        obs_rows, action_rows, logprob_rows, reward_rows, done_rows, value_rows = by_row
-        advantages, returns = gae_step(reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T])
-        batch = Batch(obs_rows[:T].flatten(0, 1), action_rows[:T].flatten(0, 1), logprob_rows[:T].flatten(0, 1),
-                      advantages.flatten(), returns.flatten(), value_rows[:T].flatten())
-        for _ in range(args.update_epochs):
-            order = torch.randperm(batch_size, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                indices = order[start : start + minibatch_size]
-                metrics = update_step(Batch._make(t[indices] for t in batch))
-                num_updates += 1
-            if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
-                break
-        carried = row_of_env.max() - T  # rows past the rollout start the next one (the bootstrap row at least)
-        for t in by_row:
-            t[:carried] = t[T : T + carried].clone()
-        row_of_env -= T
+            # views as (row, env); row T = num_steps is each env's bootstrap observation
+            T = args.num_steps
+            by_row = [t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)]
+            obs_rows, action_rows, logprob_rows, reward_rows, done_rows, value_rows = by_row
+            advantages, returns = gae_step(reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T])
+            batch = Batch(obs_rows[:T].flatten(0, 1), action_rows[:T].flatten(0, 1), logprob_rows[:T].flatten(0, 1),
+                          advantages.flatten(), returns.flatten(), value_rows[:T].flatten())
+            for _ in range(args.update_epochs):
+                order = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    indices = order[start : start + minibatch_size]
+                    metrics = update_step(Batch._make(t[indices] for t in batch))
+                    num_updates += 1
+                if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
+                    break
+            carried = row_of_env.max() - T  # rows past the rollout start the next one (the bootstrap row at least)
+            for t in by_row:
+                t[:carried] = t[T : T + carried].clone()
+            row_of_env -= T
 
-        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", lr_now, global_step)
-        if steady_start_time is not None and global_step > steady_start_step:
-            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+            logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync per iteration
+            check_finite(logged, global_step)
+            for name, value in logged.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/learning_rate", lr_now, global_step)
+            if steady_start_time is not None and global_step > steady_start_step:
+                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
+                progress.set_postfix(sps=f"{sps:.0f}", ret=recent)
+                if progress.disable and time.perf_counter() >= next_line_time:
+                    print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                          file=sys.stderr, flush=True)
+                    next_line_time = time.perf_counter() + LINE_EVERY
+    except Stopped as stop:
+        stopped = stop
+    progress.close()
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -412,17 +490,18 @@ if __name__ == "__main__":
     steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
 
     eval_returns = []
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and not stopped:
         eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
         torch.manual_seed(args.seed)  # actions are sampled: a checkpoint evaluates to the score its run reported
-        eval_returns = evaluate(agent_view, eval_envs, device)
+        try:
+            eval_returns = evaluate(agent_view, eval_envs, device)
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+        except Stopped as stop:
+            stopped = stop
         eval_envs.close()
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-    if args.save_model:
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
-                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
-        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
-
+    # What remains writes two files in about a second: a signal now would leave them half done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     summary = {
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
         "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
@@ -436,9 +515,24 @@ if __name__ == "__main__":
         "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
         "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+        "steps_done": global_step, "stopped": str(stopped) if stopped else None,
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
     writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    diverged = stopped is not None and stopped.exit_code == 1
+    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save(checkpoint, buffer)
+        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
+
+    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+    print(f"{global_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
     print("SPEED " + json.dumps(summary))
+    if stopped:
+        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

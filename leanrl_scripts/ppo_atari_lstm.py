@@ -7,10 +7,13 @@ from the stored rollout state or from zeros, so one LSTM call gives exactly the 
     python leanrl_scripts/ppo_atari_lstm.py --env-id Breakout-v5 --compile
 """
 
+import io
 import json
+import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from collections import defaultdict, deque
@@ -23,7 +26,10 @@ from typing import Literal
 # programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import envpool
+try:
+    import envpool
+except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+    envpool = None
 import numpy as np
 import torch
 import torch.nn as nn
@@ -47,7 +53,7 @@ class Args:
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together"""
+    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -90,11 +96,46 @@ class Args:
     """evaluation games at the end of the run (whole games, true score, sampled actions)"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
+    load_model: str = ""
+    """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
+
+
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
 
 
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class Stopped(Exception):
+    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
+    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
+
+
+def note_signal(signum, frame):
+    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
+    writer queue, left with a lock taken, then hangs the exit)."""
+    SIGNALS_RECEIVED.append(signum)
+
+
+def check_signals():
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def check_finite(values, step):
+    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def usable_cores():
@@ -320,6 +361,7 @@ def evaluate(agent, envs, device):
     done = torch.zeros(envs.num_envs, device=device)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
+        check_signals()
         with torch.no_grad():
             actions, _, _, h, c = policy(torch.from_numpy(obs).to(device), h, c, done, agent=agent)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -329,26 +371,46 @@ def evaluate(agent, envs, device):
     return returns.tolist()
 
 
-def write_atomic(path, write):
-    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
-    with open(path + ".tmp", "wb") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
+def write_atomic(path, data):
+    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
+    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    if envpool is None:
+        fail('envpool is not installed: pip install ".[envpool]"')
     start_time = time.perf_counter()
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+    if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
+        fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
     if args.torch_threads < 0:
         fail("--torch-threads must be 0 (chosen for this machine) or positive")
+    if not 0 < args.learning_rate < math.inf:  # also refuses nan
+        fail("--learning-rate must be a positive number")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1 or args.eval_episodes < 0:
+        fail("--gamma and --gae-lambda must be in [0, 1], --eval-episodes at least 0")
     if args.num_envs % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: minibatches are whole env rows")
     envs_per_batch = args.num_envs // args.num_minibatches
     batch_size = args.num_envs * args.num_steps
+    if 0 < args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     num_iterations = args.total_timesteps // batch_size
+    if args.load_model and not os.path.isfile(args.load_model):
+        fail(f"--load-model: no checkpoint at {args.load_model}")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(cpu_threads(args.torch_threads, device))
     cudagraphs_active = args.cudagraphs and device.type == "cuda"
@@ -369,6 +431,16 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
+    if args.load_model:
+        try:
+            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
+            if loaded["num_actions"] != num_actions:
+                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, which has "
+                     f"{loaded['num_actions']} actions; {args.env_id} has {num_actions}")
+            agent.load_state_dict(loaded["agent"])
+            optimizer.load_state_dict(loaded["optimizer"])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
     agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
@@ -389,7 +461,8 @@ if __name__ == "__main__":
     logprobs, rewards, dones, values = (torch.zeros((T, E), device=device) for _ in range(4))
     dones_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
     episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
-    recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
+    recent_returns, metrics, num_updates, env_seconds, stopped = deque(maxlen=20), {}, 0, 0.0, None
+    next_line_time = time.perf_counter()
     padded_steps = real_steps = 0
     steady_start_time = steady_start_step = None
     next_obs_np, _ = envs.reset()
@@ -398,59 +471,77 @@ if __name__ == "__main__":
     next_done = torch.zeros(E, device=device)
     h = c = torch.zeros(1, E, agent.lstm.hidden_size, device=device)
     global_step = 0
-    for iteration in tqdm(range(num_iterations), disable=not sys.stderr.isatty()):
-        if iteration == args.measure_burnin:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
-        lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
-        learning_rate.fill_(lr_now)
+    progress = tqdm(range(num_iterations), disable=not sys.stderr.isatty())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, note_signal)
+    try:
+        for iteration in progress:
+            if iteration == args.measure_burnin:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+            lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
+            learning_rate.fill_(lr_now)
 
-        initial_h, initial_c = h.clone(), c.clone()  # the update replays the rollout from these states
-        for step in range(T):
-            obs[step], dones[step], dones_host[step] = next_obs, next_done, next_done_np
-            actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_done)
-            env_start = time.perf_counter()
-            next_obs_np, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
-            env_seconds += time.perf_counter() - env_start
-            global_step += E
-            next_done_np = (terminations | truncations).astype(np.float32)
-            step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(device, non_blocking=True)
-            next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
-            rewards[step], next_done = step_data[0], step_data[1]
-            # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
-            episode_returns += infos["reward"]
-            episode_lengths += 1
-            for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
-                recent_returns.append(episode_returns[env_id])
-                writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
-                writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
-                episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+            initial_h, initial_c = h.clone(), c.clone()  # the update replays the rollout from these states
+            for step in range(T):
+                check_signals()
+                obs[step], dones[step], dones_host[step] = next_obs, next_done, next_done_np
+                actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_done)
+                env_start = time.perf_counter()
+                next_obs_np, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
+                env_seconds += time.perf_counter() - env_start
+                global_step += E
+                next_done_np = (terminations | truncations).astype(np.float32)
+                step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(device, non_blocking=True)
+                next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
+                rewards[step], next_done = step_data[0], step_data[1]
+                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                episode_returns += infos["reward"]
+                episode_lengths += 1
+                for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
+                    recent_returns.append(episode_returns[env_id])
+                    writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
+                    writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
+                    episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
-        next_value = policy_step(next_obs, h, c, next_done)[2]
-        advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
-        for _ in range(args.update_epochs):
-            env_order = rng.permutation(E)
-            for start in range(0, E, envs_per_batch):
-                env_ids = env_order[start : start + envs_per_batch]
-                real_steps += T * len(env_ids)
-                if args.lstm_impl == "padded":
-                    layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(dones_host[:, env_ids]))
-                    padded_steps += layout[0].numel()
-                else:
-                    layout = no_layout
-                    padded_steps += T * len(env_ids)
-                columns = torch.from_numpy(env_ids).to(device)
-                minibatch = Minibatch(obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns],
-                                      *layout, *(t[:, columns] for t in (actions, logprobs, advantages, returns, values)))
-                metrics = update_steps[layout[0].shape[-1]](minibatch)
-                num_updates += 1
+            next_value = policy_step(next_obs, h, c, next_done)[2]
+            advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
+            for _ in range(args.update_epochs):
+                env_order = rng.permutation(E)
+                for start in range(0, E, envs_per_batch):
+                    env_ids = env_order[start : start + envs_per_batch]
+                    real_steps += T * len(env_ids)
+                    if args.lstm_impl == "padded":
+                        layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(dones_host[:, env_ids]))
+                        padded_steps += layout[0].numel()
+                    else:
+                        layout = no_layout
+                        padded_steps += T * len(env_ids)
+                    columns = torch.from_numpy(env_ids).to(device)
+                    minibatch = Minibatch(obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns],
+                                          *layout, *(t[:, columns] for t in (actions, logprobs, advantages, returns, values)))
+                    metrics = update_steps[layout[0].shape[-1]](minibatch)
+                    num_updates += 1
 
-        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", lr_now, global_step)
-        if steady_start_time is not None and global_step > steady_start_step:
-            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+            logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync per iteration
+            check_finite(logged, global_step)
+            for name, value in logged.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/learning_rate", lr_now, global_step)
+            if steady_start_time is not None and global_step > steady_start_step:
+                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
+                progress.set_postfix(sps=f"{sps:.0f}", ret=recent)
+                if progress.disable and time.perf_counter() >= next_line_time:
+                    print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                          file=sys.stderr, flush=True)
+                    next_line_time = time.perf_counter() + LINE_EVERY
+    except Stopped as stop:
+        stopped = stop
+    progress.close()
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -461,17 +552,18 @@ if __name__ == "__main__":
     steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
 
     eval_returns = []
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and not stopped:
         eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
         torch.manual_seed(args.seed)  # actions are sampled: evaluation does not depend on what training drew
-        eval_returns = evaluate(agent_view, eval_envs, device)
+        try:
+            eval_returns = evaluate(agent_view, eval_envs, device)
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+        except Stopped as stop:
+            stopped = stop
         eval_envs.close()
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-    if args.save_model:
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
-                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
-        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
-
+    # What remains writes two files in about a second: a signal now would leave them half done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     summary = {
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
         "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
@@ -485,9 +577,24 @@ if __name__ == "__main__":
         "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
         "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+        "steps_done": global_step, "stopped": str(stopped) if stopped else None,
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
     writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    diverged = stopped is not None and stopped.exit_code == 1
+    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
+                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save(checkpoint, buffer)
+        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
+
+    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+    print(f"{global_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
     print("SPEED " + json.dumps(summary))
+    if stopped:
+        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

@@ -7,11 +7,13 @@ graphs. Cost: the scan does T log T work instead of T, nothing next to the updat
     python leanrl_scripts/ppo_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import io
 import json
 import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from collections import deque
@@ -93,11 +95,42 @@ class Args:
 
 
 LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
 
 
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class Stopped(Exception):
+    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
+    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
+
+
+def note_signal(signum, frame):
+    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
+    writer queue, left with a lock taken, then hangs the exit)."""
+    SIGNALS_RECEIVED.append(signum)
+
+
+def check_signals():
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def check_finite(values, step):
+    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def make_env(env_id, gamma, training, video_folder=None):
@@ -250,6 +283,7 @@ def evaluate(agent, envs, device, seed):
     obs, _ = envs.reset(seed=seed)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
+        check_signals()
         with torch.no_grad():
             actions = agent.actor_mean(torch.as_tensor(obs, dtype=torch.float32, device=device))
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -258,11 +292,19 @@ def evaluate(agent, envs, device, seed):
     return returns.tolist()
 
 
-def write_atomic(path, write):
-    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
-    with open(path + ".tmp", "wb") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
+def write_atomic(path, data):
+    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
+    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 if __name__ == "__main__":
@@ -275,9 +317,15 @@ if __name__ == "__main__":
             fail(f"--{name.replace('_', '-')} must be positive")
     if args.torch_threads < 0:
         fail("--torch-threads must be 0 (one thread) or positive")
+    if not 0 < args.learning_rate < math.inf:  # also refuses nan
+        fail("--learning-rate must be a positive number")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1 or args.eval_episodes < 0:
+        fail("--gamma and --gae-lambda must be in [0, 1], --eval-episodes at least 0")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")
+    if 0 < args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     if args.load_model and not os.path.isfile(args.load_model):
@@ -308,14 +356,17 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
     loaded = {}
     if args.load_model:
-        loaded = torch.load(args.load_model, map_location=device, weights_only=True)
-        if loaded["obs_dim"] != obs_dim or loaded["act_dim"] != act_dim:
-            fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, whose spaces differ from {args.env_id}'s")
-        agent.load_state_dict(loaded["agent"])
-        optimizer.load_state_dict(loaded["optimizer"])
-        for normalizer in normalizers:
-            normalizer.obs_rms.mean, normalizer.obs_rms.var, normalizer.obs_rms.count = (
-                loaded["obs_mean"].numpy(), loaded["obs_var"].numpy(), loaded["obs_count"])
+        try:
+            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
+            if loaded["obs_dim"] != obs_dim or loaded["act_dim"] != act_dim:
+                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, whose spaces differ from {args.env_id}'s")
+            agent.load_state_dict(loaded["agent"])
+            optimizer.load_state_dict(loaded["optimizer"])
+            for normalizer in normalizers:
+                normalizer.obs_rms.mean, normalizer.obs_rms.var, normalizer.obs_rms.count = (
+                    loaded["obs_mean"].numpy(), loaded["obs_var"].numpy(), loaded["obs_count"])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
     agent_view = Agent(obs_dim, act_dim).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
@@ -329,8 +380,9 @@ if __name__ == "__main__":
     obs = torch.zeros(args.num_steps, args.num_envs, obs_dim, device=device)
     actions = torch.zeros(args.num_steps, args.num_envs, act_dim, device=device)
     logprobs, rewards, dones, values = (torch.zeros(args.num_steps, args.num_envs, device=device) for _ in range(4))
-    recent_returns, metrics, num_updates, env_seconds = deque(maxlen=20), {}, 0, 0.0
+    recent_returns, metrics, num_updates, env_seconds, stopped = deque(maxlen=20), {}, 0, 0.0, None
     steady_start_time = steady_start_step = None
+    next_line_time = time.perf_counter()
     for normalizer in normalizers:  # a checkpoint's statistics are not moved by the reset observation
         normalizer.update_running_mean = not loaded
     next_obs_np, _ = envs.reset(seed=args.seed)
@@ -339,47 +391,65 @@ if __name__ == "__main__":
     next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     global_step = 0
-    for iteration in tqdm(range(num_iterations), disable=not sys.stderr.isatty()):
-        if iteration == args.measure_burnin:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
-        lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
-        learning_rate.fill_(lr_now)
+    progress = tqdm(range(num_iterations), disable=not sys.stderr.isatty())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, note_signal)
+    try:
+        for iteration in progress:
+            if iteration == args.measure_burnin:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+            lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
+            learning_rate.fill_(lr_now)
 
-        for step in range(args.num_steps):
-            obs[step], dones[step] = next_obs, next_done
-            actions[step], logprobs[step], values[step] = policy_step(next_obs)
-            env_start = time.perf_counter()
-            next_obs_np, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
-            env_seconds += time.perf_counter() - env_start
-            global_step += args.num_envs
-            # one host-to-device copy for observations, rewards and dones together
-            step_data = np.concatenate([next_obs_np, reward[:, None], (terminations | truncations)[:, None]], 1)
-            step_data = torch.from_numpy(step_data).to(device, torch.float32)
-            next_obs, rewards[step], next_done = step_data[:, :obs_dim], step_data[:, obs_dim], step_data[:, obs_dim + 1]
-            if "final_info" in infos and "episode" in infos["final_info"]:
-                episodes = infos["final_info"]["episode"]
-                for episode_return in episodes["r"][episodes["_r"]]:
-                    recent_returns.append(float(episode_return))
-                    writer.add_scalar("charts/episodic_return", episode_return, global_step)
+            for step in range(args.num_steps):
+                check_signals()
+                obs[step], dones[step] = next_obs, next_done
+                actions[step], logprobs[step], values[step] = policy_step(next_obs)
+                env_start = time.perf_counter()
+                next_obs_np, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
+                env_seconds += time.perf_counter() - env_start
+                global_step += args.num_envs
+                # one host-to-device copy for observations, rewards and dones together
+                step_data = np.concatenate([next_obs_np, reward[:, None], (terminations | truncations)[:, None]], 1)
+                step_data = torch.from_numpy(step_data).to(device, torch.float32)
+                next_obs, rewards[step], next_done = step_data[:, :obs_dim], step_data[:, obs_dim], step_data[:, obs_dim + 1]
+                if "final_info" in infos and "episode" in infos["final_info"]:
+                    episodes = infos["final_info"]["episode"]
+                    for episode_return in episodes["r"][episodes["_r"]]:
+                        recent_returns.append(float(episode_return))
+                        writer.add_scalar("charts/episodic_return", episode_return, global_step)
 
-        advantages, returns = gae_step(rewards, values, dones, agent_view.get_value(next_obs), next_done)
-        batch = Batch._make(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values))
-        for _ in range(args.update_epochs):
-            order = torch.randperm(batch_size, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                indices = order[start : start + minibatch_size]
-                metrics = update_step(Batch._make(t[indices] for t in batch))
-                num_updates += 1
-            if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
-                break
+            advantages, returns = gae_step(rewards, values, dones, agent_view.get_value(next_obs), next_done)
+            batch = Batch._make(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values))
+            for _ in range(args.update_epochs):
+                order = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    indices = order[start : start + minibatch_size]
+                    metrics = update_step(Batch._make(t[indices] for t in batch))
+                    num_updates += 1
+                if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
+                    break
 
-        for name, value in zip(metrics, torch.stack(list(metrics.values())).tolist()):  # one sync per iteration
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", lr_now, global_step)
-        if steady_start_time is not None and global_step > steady_start_step:
-            writer.add_scalar("charts/SPS", (global_step - steady_start_step) / (time.perf_counter() - steady_start_time), global_step)
+            logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync per iteration
+            check_finite(logged, global_step)
+            for name, value in logged.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/learning_rate", lr_now, global_step)
+            if steady_start_time is not None and global_step > steady_start_step:
+                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
+                progress.set_postfix(sps=f"{sps:.0f}", ret=recent)
+                if progress.disable and time.perf_counter() >= next_line_time:
+                    print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                          file=sys.stderr, flush=True)
+                    next_line_time = time.perf_counter() + LINE_EVERY
+    except Stopped as stop:
+        stopped = stop
+    progress.close()
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -391,24 +461,21 @@ if __name__ == "__main__":
 
     obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
     eval_returns = []
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and not stopped:
         video_folder = os.path.join(run_dir, "videos") if args.capture_video else None
         eval_envs = make_envs(args.env_id, args.eval_episodes, args.gamma, training=False, video_folder=video_folder)
         for normalizer in obs_normalizers(eval_envs):
             normalizer.update_running_mean = False
             normalizer.obs_rms.mean, normalizer.obs_rms.var = obs_stats.mean.copy(), obs_stats.var.copy()
-        eval_returns = evaluate(agent_view, eval_envs, device, seed=args.seed + 10_000)
+        try:
+            eval_returns = evaluate(agent_view, eval_envs, device, seed=args.seed + 10_000)
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
+        except Stopped as stop:
+            stopped = stop
         eval_envs.close()
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-    if args.save_model:
-        checkpoint = {
-            "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "args": asdict(args),
-            "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
-            "obs_mean": torch.as_tensor(obs_stats.mean), "obs_var": torch.as_tensor(obs_stats.var),
-            "obs_count": float(obs_stats.count),
-        }
-        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
-
+    # What remains writes two files in about a second: a signal now would leave them half done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     summary = {
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
         "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
@@ -421,9 +488,28 @@ if __name__ == "__main__":
         "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
         "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+        "steps_done": global_step, "stopped": str(stopped) if stopped else None,
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
     writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    diverged = stopped is not None and stopped.exit_code == 1
+    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+        checkpoint = {
+            "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "args": asdict(args),
+            "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "obs_mean": torch.as_tensor(obs_stats.mean), "obs_var": torch.as_tensor(obs_stats.var),
+            "obs_count": float(obs_stats.count),
+        }
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save(checkpoint, buffer)
+        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
+
+    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+    print(f"{global_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
     print("SPEED " + json.dumps(summary))
+    if stopped:
+        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

@@ -7,11 +7,13 @@ in and out of the pieces, no TensorDicts.
     python leanrl_scripts/td3_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import io
 import json
 import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from collections import deque
@@ -85,11 +87,51 @@ class Args:
 
 
 LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
 
 
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def check_fits(num_bytes, device, flag):
+    """A buffer larger than the device's memory fails now, not hours later (a CPU tensor's pages are only
+    touched as it fills)."""
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+class Stopped(Exception):
+    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
+    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
+
+
+def note_signal(signum, frame):
+    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
+    writer queue, left with a lock taken, then hangs the exit)."""
+    SIGNALS_RECEIVED.append(signum)
+
+
+def check_signals():
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def check_finite(values, step):
+    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def make_env(env_id, video_folder=None):
@@ -244,6 +286,7 @@ def evaluate(actor, envs, device, seed):
     obs, _ = envs.reset(seed=seed)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
+        check_signals()
         with torch.no_grad():
             actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -252,11 +295,19 @@ def evaluate(actor, envs, device, seed):
     return returns.tolist()
 
 
-def write_atomic(path, write):
-    """Write through a temporary file, then rename it: a reader never sees a half-written file."""
-    with open(path + ".tmp", "wb") as f:
-        write(f)
-    os.replace(path + ".tmp", path)
+def write_atomic(path, data):
+    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
+    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 if __name__ == "__main__":
@@ -267,6 +318,12 @@ if __name__ == "__main__":
     for name in ("num_envs", "batch_size", "buffer_size", "policy_frequency"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive")
+    if not 0 < args.learning_rate < math.inf:  # also refuses nan
+        fail("--learning-rate must be a positive number")
+    if not 0 <= args.gamma <= 1 or not 0 < args.tau <= 1 or args.eval_episodes < 0:
+        fail("--gamma must be in [0, 1], --tau in (0, 1], --eval-episodes at least 0")
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.torch_threads < 0:
         fail("--torch-threads must be 0 (one thread) or positive")
     if args.load_model and not os.path.isfile(args.load_model):
@@ -291,6 +348,7 @@ if __name__ == "__main__":
     envs.action_space.seed(args.seed)
     obs_dim = math.prod(envs.single_observation_space.shape)
     act_dim = math.prod(envs.single_action_space.shape)
+    check_fits(args.buffer_size * (2 * obs_dim + act_dim + 2) * 4, device, "--buffer-size")
 
     actor = Actor(obs_dim, envs.single_action_space).to(device)
     target_actor = Actor(obs_dim, envs.single_action_space).to(device).requires_grad_(False)
@@ -298,13 +356,17 @@ if __name__ == "__main__":
     target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
     loaded = {}
     if args.load_model:
-        loaded = torch.load(args.load_model, map_location=device, weights_only=True)
-        if loaded["obs_dim"] != obs_dim or loaded["act_dim"] != act_dim:
-            fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, whose spaces differ from {args.env_id}'s")
-        actor.load_state_dict(loaded["actor"])
-        qnet.load_state_dict(loaded["qnet"])
-    target_actor.load_state_dict(loaded.get("target_actor", actor.state_dict()))
-    target_qnet.load_state_dict(loaded.get("target_qnet", qnet.state_dict()))
+        try:
+            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
+            if loaded["obs_dim"] != obs_dim or loaded["act_dim"] != act_dim:
+                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, whose spaces differ from {args.env_id}'s")
+            for module, name in ((actor, "actor"), (qnet, "qnet"), (target_actor, "target_actor"), (target_qnet, "target_qnet")):
+                module.load_state_dict(loaded[name])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
+    else:
+        target_actor.load_state_dict(actor.state_dict())
+        target_qnet.load_state_dict(qnet.state_dict())
     target_params = TensorDict(actor=from_module(target_actor), qnet=from_module(target_qnet))
     online_params = TensorDict(actor=from_module(actor), qnet=from_module(qnet)).data
     actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
@@ -313,7 +375,7 @@ if __name__ == "__main__":
     adam = partial(torch.optim.Adam, fused=True, capturable=cudagraphs_active)
     q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.learning_rate, device=device))
     actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.learning_rate, device=device))
-    if loaded:
+    if loaded:  # its keys were read above: a checkpoint of this script has them
         q_optimizer.load_state_dict(loaded["q_optimizer"])
         actor_optimizer.load_state_dict(loaded["actor_optimizer"])
 
@@ -329,73 +391,89 @@ if __name__ == "__main__":
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
     episode_returns, recent_returns = np.zeros(args.num_envs), deque(maxlen=20)
-    num_updates, env_seconds, metrics = 0, 0.0, {}
+    num_updates, env_seconds, metrics, global_step, stopped = 0, 0.0, {}, 0, None
     steady_start_time = steady_start_step = None
+    next_line_time = time.perf_counter()
     obs, _ = envs.reset(seed=args.seed)
     num_iterations = args.total_timesteps // args.num_envs
     progress = tqdm(range(num_iterations), mininterval=2, disable=not sys.stderr.isatty())
-    for iteration in progress:
-        global_step = iteration * args.num_envs
-        if steady_start_time is None and global_step >= args.learning_starts and num_updates >= args.measure_burnin:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
-        if global_step < args.learning_starts and not loaded:
-            actions = envs.action_space.sample()
-        else:
-            actions = policy_step(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
-        env_start = time.perf_counter()
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        env_seconds += time.perf_counter() - env_start
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, note_signal)
+    try:
+        for iteration in progress:
+            check_signals()
+            global_step = iteration * args.num_envs  # steps done
+            if steady_start_time is None and global_step >= args.learning_starts and num_updates >= args.measure_burnin:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+            if global_step < args.learning_starts and not loaded:
+                actions = envs.action_space.sample()
+            else:
+                actions = policy_step(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+            env_start = time.perf_counter()
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            env_seconds += time.perf_counter() - env_start
 
-        done = terminations | truncations
-        episode_returns += rewards
-        for episode_return in episode_returns[done]:
-            recent_returns.append(episode_return)
-            writer.add_scalar("charts/episodic_return", episode_return, global_step)
-        episode_returns[done] = 0
-        rb.add(obs, actions, rewards, true_next_obs(next_obs, infos), terminations)
-        obs = next_obs
+            done = terminations | truncations
+            episode_returns += rewards
+            for episode_return in episode_returns[done]:
+                recent_returns.append(episode_return)
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+            episode_returns[done] = 0
+            rb.add(obs, actions, rewards, true_next_obs(next_obs, infos), terminations)
+            obs = next_obs
 
-        if global_step + args.num_envs > args.learning_starts:
-            batch = rb.sample(args.batch_size)
-            metrics.update(critic_step(*batch))
-            num_updates += 1
-            if num_updates % args.policy_frequency == 0:
-                metrics.update(actor_step(batch[0]))
-                target_params.lerp_(online_params, args.tau)
+            if global_step + args.num_envs > args.learning_starts:
+                batch = rb.sample(args.batch_size)
+                metrics.update(critic_step(*batch))
+                num_updates += 1
+                if num_updates % args.policy_frequency == 0:
+                    metrics.update(actor_step(batch[0]))
+                    target_params.lerp_(online_params, args.tau)
 
-        if iteration % LOG_EVERY == 0 and metrics:
-            for name, value in metrics.items():
-                writer.add_scalar(f"losses/{name}", value.item(), global_step)
-            if steady_start_time is not None and global_step > steady_start_step:
-                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
-                writer.add_scalar("charts/SPS", sps, global_step)
-                progress.set_postfix(sps=f"{sps:.0f}", ret=f"{np.mean(recent_returns) if recent_returns else float('nan'):.1f}")
+            if iteration % LOG_EVERY == 0 and metrics:
+                logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync
+                check_finite(logged, global_step)
+                for name, value in logged.items():
+                    writer.add_scalar(f"losses/{name}", value, global_step)
+                if steady_start_time is not None and global_step > steady_start_step:
+                    sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
+                    writer.add_scalar("charts/SPS", sps, global_step)
+                    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
+                    progress.set_postfix(sps=f"{sps:.0f}", ret=recent)
+                    if progress.disable and time.perf_counter() >= next_line_time:
+                        print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                              file=sys.stderr, flush=True)
+                        next_line_time = time.perf_counter() + LINE_EVERY
+        global_step = num_iterations * args.num_envs
+        check_finite({name: value.item() for name, value in metrics.items()}, global_step)
+    except Stopped as stop:
+        stopped = stop
+    progress.close()
 
     if device.type == "cuda":
         torch.cuda.synchronize()
-    end_time, end_step = time.perf_counter(), num_iterations * args.num_envs
+    end_time, end_step = time.perf_counter(), global_step
     envs.close()
     if steady_start_time is None:  # the run ended before the steady phase began
         steady_start_time, steady_start_step, env_seconds = end_time, end_step, 0.0
     steady_steps, steady_seconds = end_step - steady_start_step, end_time - steady_start_time
 
     eval_returns = []
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and not stopped:
         video_folder = os.path.join(run_dir, "videos") if args.capture_video else None
         eval_envs = make_envs(args.env_id, args.eval_episodes, video_folder)
-        eval_returns = evaluate(actor_view, eval_envs, device, seed=args.seed + 10_000)
+        try:
+            eval_returns = evaluate(actor_view, eval_envs, device, seed=args.seed + 10_000)
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
+        except Stopped as stop:
+            stopped = stop
         eval_envs.close()
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
-    if args.save_model:
-        checkpoint = {
-            "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "args": asdict(args),
-            "actor": actor.state_dict(), "qnet": qnet.state_dict(), "target_actor": target_actor.state_dict(),
-            "target_qnet": target_qnet.state_dict(), "q_optimizer": q_optimizer.state_dict(),
-            "actor_optimizer": actor_optimizer.state_dict(),
-        }
-        write_atomic(os.path.join(run_dir, "model.pt"), partial(torch.save, checkpoint))
+    # What remains writes two files in about a second: a signal now would leave them half done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     summary = {
         "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
@@ -409,9 +487,28 @@ if __name__ == "__main__":
         "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
         "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
         "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
+        "steps_done": end_step, "stopped": str(stopped) if stopped else None,
     }
     if device.type == "cuda":
         summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
     writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    diverged = stopped is not None and stopped.exit_code == 1
+    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+        checkpoint = {
+            "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "args": asdict(args),
+            "actor": actor.state_dict(), "qnet": qnet.state_dict(), "target_actor": target_actor.state_dict(),
+            "target_qnet": target_qnet.state_dict(), "q_optimizer": q_optimizer.state_dict(),
+            "actor_optimizer": actor_optimizer.state_dict(),
+        }
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save(checkpoint, buffer)
+        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
+
+    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+    print(f"{end_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
     print("SPEED " + json.dumps(summary))
+    if stopped:
+        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

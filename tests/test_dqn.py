@@ -1,6 +1,8 @@
 """DQN (dqn.py, dqn_atari.py): the rate limiter under a fast and a slow side, the actor process failing and
 being interrupted, the TD update against a plain reference, the script as a user runs it, and learning."""
 
+import glob
+import json
 import os
 import signal
 import subprocess
@@ -202,8 +204,11 @@ def test_ctrl_c_stops_learner_and_actor(workdir):
     finally:  # a run that ignored the interrupt must not go on training beside the tests that follow
         if processes_in_group(proc.pid, wait=0.1):
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
+    assert proc.returncode == 130 and "stopped by SIGINT" in stderr and "Traceback" not in stderr
     assert processes_in_group(proc.pid) == []
+    (summary,) = glob.glob(os.path.join(workdir, "runs", "*", "summary.json"))
+    with open(summary) as f:
+        assert json.load(f)["stopped"] == "stopped by SIGINT"
 
 
 @pytest.mark.learning

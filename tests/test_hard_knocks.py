@@ -1,0 +1,168 @@
+"""What a run does when things go wrong: divergence, Ctrl-C and SIGTERM, a full disk, bad checkpoints, values
+that make no sense; and the progress lines it prints when its output goes to a pipe."""
+
+import glob
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import SCRIPTS, run_script
+
+PENDULUM = ["--env-id", "Pendulum-v1"]
+BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
+# Per script: its env (and the flags every run takes), a short run, the flags that make it diverge, its
+# learning-rate flag, and another script whose checkpoint it must refuse.
+OFF_POLICY = ["--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5, "--batch-size", 64]
+CASES = {
+    "sac_continuous_action.py": dict(base=PENDULUM, tiny=OFF_POLICY, diverge=["--policy-lr", 1e30, "--q-lr", 1e30],
+                                     lr="--q-lr", other="td3_continuous_action.py"),
+    "td3_continuous_action.py": dict(base=PENDULUM, tiny=OFF_POLICY, diverge=["--learning-rate", 1e30],
+                                     lr="--learning-rate", other="sac_continuous_action.py"),
+    "ppo_continuous_action.py": dict(base=PENDULUM, tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
+                                     diverge=["--learning-rate", 10], lr="--learning-rate", other="sac_continuous_action.py"),
+    "ppo_atari_envpool.py": dict(base=BREAKOUT, tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+                                 diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_lstm.py"),
+    "ppo_atari_lstm.py": dict(base=BREAKOUT, tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+                              diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_envpool.py"),
+    "dqn.py": dict(base=["--env-id", "CartPole-v1"], tiny=["--total-timesteps", 2000, "--learning-starts", 500],
+                   diverge=["--learning-rate", 1e30], lr="--learning-rate", other="sac_continuous_action.py"),
+    "dqn_atari.py": dict(base=["--env-id", "Breakout-v5"],
+                         tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400,
+                               "--train-frequency", 1, "--batch-size", 32],
+                         diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_envpool.py"),
+    # no --load-model: the Ray actors would have to start from the checkpoint too (see the README)
+    "impala_ray.py": dict(base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
+                          tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
+                          diverge=["--learning-rate", 1e30], lr="--learning-rate", other=None),
+}
+LONG = ["--total-timesteps", 10**7]  # a run that only a signal ends in the test's time
+
+
+def strict_json(path):
+    """The file's JSON, refusing NaN and Infinity (Python's json accepts them; strict readers do not)."""
+    with open(path) as f:
+        return json.load(f, parse_constant=lambda constant: pytest.fail(f"{path} holds {constant}"))
+
+
+def only_run_dir(workdir):
+    (run_dir,) = glob.glob(os.path.join(workdir, "runs", "*"))
+    return run_dir
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error")]
+
+
+@pytest.mark.parametrize("script", CASES)
+def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, workdir):
+    case = CASES[script]
+    args = [*case["base"], *case["tiny"], "--total-timesteps", 20_000, *case["diverge"], "--save-model", "--eval-episodes", 2]
+    _, proc = run_script(script, args, workdir, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith("error: step ") and "diverged" in line and ("nan" in line or "inf" in line), line
+    assert "Traceback" not in proc.stderr
+    run_dir = only_run_dir(workdir)
+    summary = strict_json(os.path.join(run_dir, "summary.json"))
+    assert summary["stopped"] == line[len("error: "):]
+    assert summary["steps_done"] < 20_000 and summary["eval_returns"] == []
+    assert not os.path.exists(os.path.join(run_dir, "model.pt"))  # a diverged model is not kept
+    assert proc.stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("script", CASES)
+def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
+    """Output to a pipe, as under nohup or CI: progress lines come while it runs; the signal comes after one."""
+    args = [*CASES[script]["base"], *CASES[script]["tiny"], *LONG, "--save-model", "--eval-episodes", 0]
+    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a test runner started in the background (`cmd &`) ignores SIGINT, and so would
+                            # the script
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        first_line = proc.stderr.readline()
+        assert first_line.startswith("step ") and " SPS, return " in first_line, first_line
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.splitlines()[-1].startswith(f"stopped by {name}: the steps done are in runs/"), stderr
+    assert "Traceback" not in stderr
+    run_dir = only_run_dir(workdir)
+    summary = strict_json(os.path.join(run_dir, "summary.json"))
+    assert summary["stopped"] == f"stopped by {name}" and 0 < summary["steps_done"] < 10**7
+    assert stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+    checkpoint = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
+    assert checkpoint["env_id"] == CASES[script]["base"][1]
+
+
+def limit_file_size():
+    """A disk that fills at 50 kB: the summary and the TensorBoard events fit, a checkpoint does not."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+
+# impala_ray.py writes the same way, but the limit would stop Ray's own log files first
+@pytest.mark.parametrize("script", [script for script in CASES if script != "impala_ray.py"])
+def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, workdir):
+    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 0]
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=workdir,
+                          capture_output=True, text=True, timeout=600, preexec_fn=limit_file_size)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    run_dir = only_run_dir(workdir)
+    model = os.path.join(os.path.relpath(run_dir, workdir), "model.pt")
+    assert error_lines(proc.stderr) == [f"error: could not write {model}: File too large"], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert strict_json(os.path.join(run_dir, "summary.json"))["stopped"] is None
+    assert sorted(os.listdir(run_dir))[1:] == ["summary.json"]  # the events file, no model, no model.pt.tmp
+
+
+@pytest.mark.parametrize("script", [script for script, case in CASES.items() if case["other"]])
+def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
+    other = CASES[script]["other"]
+    trained, _ = run_script(other, [*CASES[other]["base"], *CASES[other]["tiny"], "--save-model", "--eval-episodes", 0],
+                            workdir)
+    with open(os.path.join(trained["run_dir"], "model.pt"), "rb") as f:
+        checkpoint = f.read()
+    bad = {"empty.pt": b"", "text.pt": b"not a checkpoint\n", "truncated.pt": checkpoint[: len(checkpoint) // 2],
+           "other_script.pt": checkpoint}
+    for name, content in bad.items():
+        with open(os.path.join(workdir, name), "wb") as f:
+            f.write(content)
+        _, proc = run_script(script, [*CASES[script]["base"], "--total-timesteps", 0, "--load-model", name], workdir,
+                             check=False)
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert lines == [lines[0]] and lines[0].startswith(f"error: --load-model: {name} "), proc.stderr[-2000:]
+        # refused as not this script's or, for another script's checkpoint of another env, as made for other spaces
+        assert "is not a checkpoint of this script" in lines[0] or "whose spaces differ" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("script", CASES)
+def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
+    case = CASES[script]
+    bad = [
+        ([case["lr"], -1], f"{case['lr']} must be a positive number"),
+        ([case["lr"], "nan"], f"{case['lr']} must be a positive number"),
+        (["--gamma", 2], "--gamma"),
+        (["--eval-episodes", -1], "--eval-episodes"),
+    ]
+    if script.startswith("ppo"):
+        bad.append((["--total-timesteps", 100], "less than one rollout"))
+    elif script != "impala_ray.py":
+        bad += [(["--buffer-size", 10, "--batch-size", 64], "must hold at least one batch"),
+                (["--buffer-size", 10**11], "--buffer-size needs")]
+    for args, message in bad:
+        _, proc = run_script(script, [*case["base"], *args], workdir, check=False, timeout=120)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+            args, proc.stderr[-2000:])
+        assert not os.path.exists(os.path.join(workdir, "runs"))
