@@ -72,7 +72,7 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     """Two of the four modes (CI time: all four took 9.5 of CI's 40 minutes): eager, the collector's baseline,
     and compile+cudagraphs, the path no other test runs for some scripts; each script's own tests run the rest."""
     env = {**os.environ, "PYTHON": sys.executable, "MODES": "eager compile+cudagraphs"}
-    proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", str(tmp_path)], capture_output=True,
+    proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = {"ppo_atari": "Breakout-v5", "ppo_atari_async": "Breakout-v5", "ppo_continuous": "Pendulum-v1",

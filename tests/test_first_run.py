@@ -1,0 +1,77 @@
+"""A newcomer's first commands: --help before the extras are installed, a run that needs a missing extra, a
+mistyped flag, and run.sh's usage."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, SCRIPTS
+
+ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
+# script -> (a run that needs the extra, the modules hidden, the install line it must name)
+NEEDS_EXTRA = {
+    "ppo_atari_envpool.py": ([], ["envpool"], 'pip install ".[envpool]"'),
+    "ppo_atari_lstm.py": ([], ["envpool"], 'pip install ".[envpool]"'),
+    "dqn_atari.py": ([], ["envpool"], 'pip install ".[envpool]"'),
+    "impala_ray.py": ([], ["ray"], 'pip install ".[ray]"'),
+}
+
+
+def without(modules, tmp_path):
+    """An environment whose imports of `modules` fail as if they were not installed."""
+    for module in modules:
+        (tmp_path / f"{module}.py").write_text(f"raise ModuleNotFoundError('hidden by the test', name={module!r})\n")
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def run(args, cwd, env=None):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("script", NEEDS_EXTRA)
+def test_help_works_without_the_extras_and_a_run_names_the_install(script, tmp_path):
+    run_args, hidden, install = NEEDS_EXTRA[script]
+    env = without(["envpool", "ray", "cv2", "ale_py"], tmp_path)
+    proc = run([os.path.join(SCRIPTS, script), "--help"], tmp_path, env)
+    assert proc.returncode == 0 and "usage:" in proc.stdout and "--total-timesteps" in proc.stdout, proc.stderr[-2000:]
+
+    (tmp_path / "hidden").mkdir()  # this time only the script's own extra is missing
+    proc = run([os.path.join(SCRIPTS, script), *run_args], tmp_path, without(hidden, tmp_path / "hidden"))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and install in lines[0], (
+        proc.stderr[-2000:])
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_the_gymnasium_back_end_names_the_atari_extra(tmp_path):
+    proc = run([os.path.join(SCRIPTS, "dqn_atari.py"), "--env-backend", "gymnasium"], tmp_path,
+               without(["ale_py"], tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        'error: the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"'), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_mistyped_flag_exits_2_with_a_hint(script, tmp_path):
+    proc = run([os.path.join(SCRIPTS, script), "--num_env", 4], tmp_path)
+    assert proc.returncode == 2 and "Unrecognized options: --num_env" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def run_sh(*args, cwd=ROOT):
+    return subprocess.run(["bash", os.path.join(ROOT, "run.sh"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_run_sh_help_prints_its_usage(flag):
+    proc = run_sh(flag)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: ./run.sh") and "--results" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["some_folder"], ["--fast"], ["--results"]])
+def test_run_sh_refuses_what_it_does_not_know_before_any_work(args, tmp_path):
+    proc = run_sh(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "usage: ./run.sh" in proc.stderr
+    assert os.listdir(tmp_path) == []
