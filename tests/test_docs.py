@@ -1,0 +1,83 @@
+"""The README and the pages under docs/ name only flags that the scripts have: they cannot drift from the code."""
+
+import functools
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, SCRIPTS
+
+ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
+# Flags of the other commands the pages show: ray start, run.sh, tensorboard, benchmarks/threads.py.
+OTHER_COMMANDS = {"--head", "--address", "--quick", "--smoke", "--results", "--help", "--logdir", "--busy"}
+# "Flags every script has", but for these scripts, whose row names what they have instead.
+EXCEPT_IN = {"--num-envs": {"impala_ray.py"}}
+FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+@functools.cache
+def help_flags(script):
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--help"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return set(FLAG.findall(proc.stdout))
+
+
+def code_flags(text):
+    """Flags inside code: `inline` spans and fenced blocks."""
+    code = re.findall(r"```.*?```", text, flags=re.S) + re.findall(r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.S))
+    return {flag for span in code for flag in FLAG.findall(span)} - OTHER_COMMANDS
+
+
+def scripts_named(text):
+    return {name for name in ALL_SCRIPTS if name in text}
+
+
+PAGES = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def test_there_is_a_page_for_every_script():
+    named = set().union(*(scripts_named(open(page).readline()) for page in PAGES))
+    assert named == set(ALL_SCRIPTS)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
+def test_a_page_names_only_flags_its_scripts_have(page):
+    with open(page) as f:
+        text = f.read()
+    scripts = scripts_named(text.splitlines()[0]) or set(ALL_SCRIPTS)  # the title names the page's scripts
+    known = set().union(*(help_flags(script) for script in scripts))
+    assert code_flags(text) - known == set()
+
+
+def readme():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return f.read()
+
+
+def test_the_readme_names_only_flags_that_exist():
+    known = set().union(*(help_flags(script) for script in ALL_SCRIPTS))
+    assert code_flags(readme()) - known == set()
+
+
+def test_each_row_of_the_scripts_table_names_its_own_flags():
+    rows = [line for line in readme().splitlines() if line.startswith("| [`")]
+    assert len(rows) == len(ALL_SCRIPTS)
+    for row in rows:
+        (script,) = re.findall(r"\[`(\w+\.py)`\]", row)
+        assert code_flags(row) - help_flags(script) == set(), row
+
+
+def test_the_flags_every_script_has_are_in_every_script():
+    text = readme()
+    section = text[text.index("## Flags every script has"):]
+    table = section[: section.index("\n\n", section.index("| flag |"))]
+    flags = code_flags(table)
+    assert {"--compile", "--cudagraphs", "--save-model", "--eval-episodes"} <= flags
+    for script in ALL_SCRIPTS:
+        missing = {flag for flag in flags - help_flags(script) if script not in EXCEPT_IN.get(flag, ())}
+        assert missing == set(), script
