@@ -1,12 +1,15 @@
 """Turn a folder of run summaries into speed tables (markdown) and a bar chart (PNG).
 
     python benchmarks/collect.py benchmarks/results/<machine-tag>
-reads NAME__MODE.json (the SPEED summaries that benchmarks/<algo>.sh saved) and NAME__env_only.json,
-writes speed.md and speed.png into that folder, and prints the markdown.
+reads NAME__MODE.json (the SPEED summaries that benchmarks/<algo>.sh saved), NAME__env_only.json, and
+reference.json when there is one ({NAME: {"LeanRL --compile": SPS, ...}}: the reference scripts measured on the
+same machine kind, with where each figure was measured), writes speed.md and speed.png into that folder, and
+prints the markdown.
 """
 
 import glob
 import json
+import math
 import os
 import sys
 
@@ -74,29 +77,55 @@ def table(name, runs):
             + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
             + (f" {run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f} |" if replay else "")
             + (f" {run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} | {fmt(run['actor_sps'])} "
-               f"| {run['policy_lag_mean']:.1f} / {run['policy_lag_max']} |" if actors else "")
+               f"| {fmt(run['policy_lag_mean'], '.1f')} / {fmt(run['policy_lag_max'])} |" if actors else "")
         )
     return "\n".join(lines)
 
 
-def chart(results, path):
+def reference_line(references):
+    """The reference scripts' speed beside ours, the comparison the tables exist for. Not divided into ours: they
+    were measured in their own sessions (docs/ gives the ratios of runs that alternated)."""
+    return "Reference scripts on this machine kind: " + ", ".join(f"{label} {sps:.0f} SPS" for label, sps in
+                                                                   references.items()) + "."
+
+
+def chart(results, references, path):
+    """One panel per benchmark, three to a row so that the grid reads at about 900 pixels wide: our modes, then
+    the reference scripts measured on the same machine kind, hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
-    for ax, (name, runs) in zip(axes[0], results.items()):
+    columns = min(3, len(results))
+    rows = math.ceil(len(results) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(7.5, 2.4 * rows), squeeze=False)
+    short = {"eager": "eager", "compile": "compile", "cudagraphs": "graphs", "compile+cudagraphs": "comp.+\ngraphs"}
+    inactive = False
+    for ax, (name, runs) in zip(axes.flat, results.items()):
         modes = [m for m in MODES if m in runs]
-        values = [runs[m]["sps"] or 0 for m in modes]
-        bars = ax.bar(range(len(modes)), values, color=["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)])
-        ax.bar_label(bars, fmt="%.0f")
-        labels = [m.replace("+", "+\n") + ("\n(inactive)" if runs[m]["cudagraphs_requested"] and not runs[m]["cudagraphs_active"] else "")
+        labels = [short[m] + ("*" if runs[m]["cudagraphs_requested"] and not runs[m]["cudagraphs_active"] else "")
                   for m in modes]
-        ax.set_xticks(range(len(modes)), labels, fontsize=8)
-        ax.set_title(f"{name} ({runs[modes[0]]['env_id']}, {runs[modes[0]]['device']})", fontsize=9)
-        ax.set_ylabel("env steps / s")
-    fig.tight_layout()
+        inactive = inactive or any(label.endswith("*") for label in labels)
+        refs = references.get(name, {})
+        values = [runs[m]["sps"] or 0 for m in modes] + list(refs.values())
+        colors = ["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)] + ["white"] * len(refs)
+        bars = ax.bar(range(len(values)), values, color=colors, edgecolor="black", linewidth=0.5,
+                      hatch=[""] * len(modes) + ["///"] * len(refs))
+        ax.bar_label(bars, fmt="%.0f", fontsize=6)
+        crowded = len(values) > 5
+        ax.set_xticks(range(len(values)), labels + [label.replace(" ", "\n", 1) for label in refs], fontsize=6,
+                      rotation=40 if crowded else 0, ha="right" if crowded else "center")
+        ax.set_title(f"{name}: {runs[modes[0]]['env_id']}, {runs[modes[0]]['device']}", fontsize=7)
+        ax.tick_params(axis="y", labelsize=6)
+        ax.margins(y=0.15)
+    for ax in axes.flat[len(results):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("env steps / s", fontsize=7)
+    footnote = "hatched: reference scripts, same machine kind"
+    fig.text(0.01, 0.003, footnote + ("; *: CUDA graphs requested, inactive without CUDA" if inactive else ""),
+             fontsize=6)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -106,7 +135,12 @@ def main(folder):
     if not results:
         print(f"error: no NAME__MODE.json summaries in {folder}", file=sys.stderr)
         return 2
-    markdown = "\n\n".join(table(name, runs) for name, runs in results.items()) + "\n"
+    references = {}
+    if os.path.exists(os.path.join(folder, "reference.json")):
+        with open(os.path.join(folder, "reference.json")) as f:
+            references = {name: sps for name, sps in json.load(f).items() if name in results}
+    markdown = "\n\n".join(table(name, runs) + (f"\n\n{reference_line(references[name])}" if name in references
+                                                  else "") for name, runs in results.items()) + "\n"
     update_path = os.path.join(folder, "lstm_update.json")  # written by benchmarks/ppo_lstm.sh
     if os.path.exists(update_path):
         with open(update_path) as f:
@@ -125,7 +159,7 @@ def main(folder):
     with open(os.path.join(folder, "speed.md"), "w") as f:
         f.write(markdown)
     try:
-        chart(results, os.path.join(folder, "speed.png"))
+        chart(results, references, os.path.join(folder, "speed.png"))
     except ImportError:
         print("note: matplotlib is not installed (pip install '.[dev]'): no speed.png", file=sys.stderr)
     print(markdown, end="")

@@ -98,3 +98,18 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     phase = json.loads((tmp_path / "lstm_update.json").read_text())
     assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0
     assert "### PPO-LSTM update phase" in proc.stdout
+
+
+def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
+    """Five benchmarks make two rows of three panels at 900 pixels wide, not one row of five; the reference
+    scripts' speed from reference.json goes under their table (and, hatched, into the chart)."""
+    import matplotlib.image
+
+    runs = {f"bench{i}__{mode}": summary(mode, 100.0 + i) for i in range(5) for mode in ("eager", "compile")}
+    (tmp_path / "reference.json").write_text(json.dumps({"_measured": "where", "bench1": {"LeanRL --compile": 80}}))
+    proc = collect(tmp_path, runs)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Reference scripts on this machine kind:") == 1
+    assert "Reference scripts on this machine kind: LeanRL --compile 80 SPS." in proc.stdout.split("### bench2")[0]
+    height, width, _ = matplotlib.image.imread(tmp_path / "speed.png").shape
+    assert width == 900 and height > width / 2
