@@ -233,3 +233,13 @@ def test_learns_cartpole_within_60k_steps(mode, workdir):
         if evaluations[-1] >= 400:
             break
     assert evaluations[-1] >= 400, evaluations
+
+
+def test_checkpoint_evaluates_to_the_reported_score(workdir):
+    trained, _ = run_script(SCRIPT, TINY + ["--save-model", "--eval-episodes", 3], workdir)
+    checkpoint = os.path.join(trained["run_dir"], "model.pt")
+    evaluated, _ = run_script(SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 3, "--load-model", checkpoint], workdir)
+    assert evaluated["eval_returns"] == trained["eval_returns"] and evaluated["steps_done"] == 0
+    _, proc = run_script(SCRIPT, ["--env-id", "Acrobot-v1", "--total-timesteps", 0, "--load-model", checkpoint],
+                         workdir, check=False, timeout=120)
+    assert proc.returncode == 2 and "was trained on CartPole-v1" in proc.stderr

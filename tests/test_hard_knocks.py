@@ -99,7 +99,10 @@ def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
     run_dir = only_run_dir(workdir)
     summary = strict_json(os.path.join(run_dir, "summary.json"))
     assert summary["stopped"] == f"stopped by {name}" and 0 < summary["steps_done"] < 10**7
-    assert stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+    *_, human_line, speed_line = stdout.rstrip().splitlines()
+    assert speed_line == "SPEED " + json.dumps(summary)
+    assert human_line.startswith(f"{summary['steps_done']} steps, ") and human_line.endswith(
+        f"no evaluation; written to {os.path.relpath(run_dir, workdir)}"), human_line
     checkpoint = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
     assert checkpoint["env_id"] == CASES[script]["base"][1]
 
