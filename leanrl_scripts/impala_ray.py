@@ -432,14 +432,17 @@ class ActorPool:
         remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(UnrollActor)
         self.actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
         self.envs_per_actor, self.weights, self.version = args.envs_per_actor, weights, 0
-        self.pending = {}  # call in flight -> actor index
-        self.down = [False] * args.num_actors  # a call failed and none has succeeded since: Ray is restarting it
+        self.pending, self.calls = {}, 0  # call in flight -> (actor index, call number)
+        # Per actor, None while it is up, else the number of the last call made before a failure was seen: a call
+        # made earlier may still succeed (it ran before the death) or fail; only a later one shows it is back.
+        self.down_since = [None] * args.num_actors
         self.restarts = self.unrolls_lost = 0
         for index in [*range(args.num_actors)] * 2:
             self.call(index)
 
     def call(self, index):
-        self.pending[self.actors[index].unroll.remote(self.weights, self.version)] = index
+        self.calls += 1
+        self.pending[self.actors[index].unroll.remote(self.weights, self.version)] = index, self.calls
 
     def publish(self, weights, version):
         """The actors' next calls fetch these weights through the object store."""
@@ -452,7 +455,7 @@ class ActorPool:
             wait_start = time.perf_counter()
             (ready,), _ = ray.wait(list(self.pending), num_returns=1)
             waited += time.perf_counter() - wait_start
-            index = self.pending.pop(ready)
+            index, number = self.pending.pop(ready)
             try:
                 result = ray.get(ready)
             except ray.exceptions.RayActorError as error:  # the actor died: Ray restarts it, this call is lost
@@ -462,15 +465,16 @@ class ActorPool:
                 stop_run(f"actor {index} failed: {last_line(error)}")
             self.call(index)
             if result is not None:
-                self.down[index] = False
+                if self.down_since[index] is not None and number > self.down_since[index]:
+                    self.down_since[index] = None
                 return result, waited
 
     def count_loss(self, index, error):
         if error.actor_init_failed:  # it cannot even start (a package missing on a node?): restarts won't help
             stop_run(f"actor {index} could not start: {last_line(error)}")
         self.unrolls_lost += self.envs_per_actor
-        if not self.down[index]:  # the first failed call of this death (the calls queued behind it fail too)
-            self.restarts, self.down[index] = self.restarts + 1, True
+        if self.down_since[index] is None:  # the first failed call of this death (the calls queued behind fail too)
+            self.restarts, self.down_since[index] = self.restarts + 1, self.calls
             print(f"warning: actor {index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
 
 
