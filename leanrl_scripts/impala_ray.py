@@ -17,9 +17,10 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
+from collections import Counter, defaultdict, deque
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import NamedTuple
 
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the actors (or other programs)
 # need. Set before torch loads OpenMP (the actors inherit it); it costs a wake-up (tens of microseconds) per kernel.
@@ -67,6 +68,12 @@ class Args:
     """publish the learner's weights to the actors every this many updates"""
     resnet: bool = False
     """Atari: IMPALA's 15-layer residual network instead of the Nature CNN"""
+    lstm: bool = False
+    """an LSTM core between the torso and the heads: the actors carry its state, the learner replays each batch of
+    unrolls through it in one padded call"""
+    hide_obs: tuple[int, ...] = ()
+    """flat observations: entries the agent sees as zeros, a task that needs memory (CartPole-v1 --hide-obs 1 3
+    hides both velocities: only --lstm learns it)"""
     learning_rate: float = 6e-4
     """the learning rate of Adam"""
     anneal_lr: bool = True
@@ -193,18 +200,26 @@ def env_kind(env_id):
     return "classic"
 
 
-def make_envs(env_id, num_envs, seed=0, training=True):
+def make_envs(env_id, num_envs, seed=0, training=True, hide_obs=()):
     """Atari: envpool's preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames); training envs end an
     episode at each lost life and clip rewards, info["reward"] and info["terminated"] keep the true game.
-    Classic control: a gymnasium vector env that resets in the step that ends an episode."""
+    Classic control: a gymnasium vector env that resets in the step that ends an episode, `hide_obs` zeroed."""
     if env_kind(env_id) == "atari":
         import envpool
 
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
                             episodic_life=training, reward_clip=training, seed=seed)
-    envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs,
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    def make_env():
+        env = gym.make(env_id)
+        if not hide_obs:
+            return env
+        mask = np.ones(env.observation_space.shape, env.observation_space.dtype)
+        mask[list(hide_obs)] = 0
+        return gym.wrappers.TransformObservation(env, lambda obs: obs * mask, env.observation_space)
+
+    envs = gym.vector.SyncVectorEnv([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs.reset(seed=seed)  # later resets continue this seeded stream
     return envs
 
@@ -244,12 +259,13 @@ def conv_sequence(in_channels, out_channels):
 
 
 class Agent(nn.Module):
-    """A torso (Nature CNN or IMPALA's ResNet, shared by both heads; two 64-64 MLPs for flat observations) with a
-    policy and a value head."""
+    """A torso (Nature CNN or IMPALA's ResNet, shared by both heads; two 64-64 MLPs for flat observations), with
+    `lstm` an LSTM core after it, and a policy and a value head. The caller carries the core's state: (h, c), each
+    (1, B, lstm_size), of size 0 without a core, so one code path serves both."""
 
-    def __init__(self, obs_shape, num_actions, resnet=False):
+    def __init__(self, obs_shape, num_actions, resnet=False, lstm=False):
         super().__init__()
-        self.pixels = len(obs_shape) == 3
+        self.pixels, self.value_torso = len(obs_shape) == 3, None
         if not self.pixels:  # two torsos: on small problems the value loss's gradients swamp a shared one
             self.torso, self.value_torso = (
                 nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
@@ -267,15 +283,100 @@ class Agent(nn.Module):
         if self.pixels:  # mkldnn's channels-last convolutions are about twice as fast on CPU
             self.torso = self.torso.to(memory_format=torch.channels_last)
         features = self.torso[-2].out_features
+        self.lstm_size = (256 if self.pixels else 64) if lstm else 0
+        if lstm:
+            self.lstm = nn.LSTM(features, self.lstm_size)
+            for name, param in self.lstm.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+            features = self.lstm_size
         self.policy_head = layer_init(nn.Linear(features, num_actions), std=0.01)
-        self.value_head = layer_init(nn.Linear(features, 1), std=1.0)
+        value_features = features + (64 if self.value_torso is not None and lstm else 0)
+        self.value_head = layer_init(nn.Linear(value_features, 1), std=1.0)
 
-    def forward(self, obs):
+    def initial_state(self, batch, device=None):
+        return tuple(torch.zeros(1, batch, self.lstm_size, device=device) for _ in range(2))
+
+    def forward(self, obs, state):
+        """One step of B envs: obs (B, ...) -> logits (B, A), values (B,), the core's next state."""
+        hidden = self.features(obs)
+        if self.lstm_size:
+            hidden, state = self.lstm(hidden[None], state)
+            hidden = hidden[0]
+        return *self.heads(hidden, obs), state
+
+    def replay(self, obs, state, layout):
+        """B unrolls at once: obs (T + 1, B, ...) from the core's start states `state` -> logits (T + 1, B, A) and
+        values (T + 1, B). The core runs once over the unrolls' episode segments, laid out by `segment_layout`."""
+        steps, batch = obs.shape[:2]
+        hidden = self.features(obs.flatten(0, 1))
+        if self.lstm_size:
+            hidden = lstm_padded(self.lstm, hidden.view(steps, batch, -1), *state, *layout).flatten(0, 1)
+        logits, values = self.heads(hidden, obs.flatten(0, 1))
+        return logits.view(steps, batch, -1), values.view(steps, batch)
+
+    def features(self, obs):
         if self.pixels:
             obs = obs.contiguous(memory_format=torch.channels_last) / 255.0
-        hidden = self.torso(obs)
-        value_hidden = hidden if self.pixels else self.value_torso(obs)
+        return self.torso(obs)
+
+    def heads(self, hidden, obs):
+        if self.value_torso is None:
+            return self.policy_head(hidden), self.value_head(hidden).squeeze(-1)
+        value_hidden = self.value_torso(obs)
+        if self.lstm_size:  # the core's memory, read without training it (the value's own torso keeps its gradients)
+            value_hidden = torch.cat([value_hidden, hidden.detach()], -1)
         return self.policy_head(hidden), self.value_head(value_hidden).squeeze(-1)
+
+
+def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
+    """The core's outputs (T, B, size) for features (T, B, F) in one LSTM call over left-aligned episode segments
+    (see `segment_layout`). Row T*B of the flattened features and row B of the states are the zeros padding reads."""
+    num_steps, batch = features.shape[:2]
+    flat_features = torch.cat([features.flatten(0, 1), features.new_zeros(1, features.shape[-1])])
+    initial_h = torch.cat([h[0], h.new_zeros(1, h.shape[-1])])[state_index]
+    initial_c = torch.cat([c[0], c.new_zeros(1, c.shape[-1])])[state_index]
+    outputs, _ = lstm(flat_features[frame_index], (initial_h[None], initial_c[None]))
+    return outputs.flatten(0, 1)[output_index].view(num_steps, batch, -1)
+
+
+def segment_layout(dones):
+    """Host-side plan for `lstm_padded`, from the dones (T, B) of a batch of unrolls (dones[t]: the step from obs t
+    ended an episode). Each unroll is cut where an episode starts (its first segment continues the state it started
+    from); segment s is column s of a (T + 1, S_pad) batch, S_pad the next power of two of the segment count, so
+    compiled code and CUDA graphs see few shapes. Padding costs (S_pad - B) x (T + 1) steps of the core.
+    Returns frame_index (T + 1, S_pad) into the flattened (t * B + b) features, (T + 1) * B for padding;
+    state_index (S_pad,): the unroll whose start state opens the segment, B for zeros; output_index ((T + 1) * B,)
+    into the flattened (position * S_pad + segment) outputs."""
+    batch = dones.shape[1]
+    starts = np.concatenate([np.ones((1, batch), dtype=bool), dones.astype(bool)])  # (T + 1, B): obs t opens one
+    num_steps = len(starts)
+    segment = np.cumsum(starts.T.ravel()).reshape(batch, num_steps).T - 1  # (T + 1, B): segment of each step
+    num_segments = segment[-1, -1] + 1
+    padded_segments = max(batch, 1 << int(num_segments - 1).bit_length())
+    start_time = np.zeros(num_segments, dtype=np.int64)
+    times, unrolls = np.nonzero(starts)
+    start_time[segment[times, unrolls]] = times
+    position = np.arange(num_steps)[:, None] - start_time[segment]  # (T + 1, B): step within its segment
+    frame_index = np.full((num_steps, padded_segments), num_steps * batch, dtype=np.int64)
+    frame_index[position, segment] = np.arange(num_steps * batch).reshape(num_steps, batch)
+    state_index = np.full(padded_segments, batch, dtype=np.int64)
+    state_index[segment[0]] = np.arange(batch)
+    output_index = (position * padded_segments + segment).ravel()
+    return frame_index, state_index, output_index
+
+
+class Unrolls(NamedTuple):
+    """A batch of B unrolls of T steps, as the actors send them and the learner trains on them (one column each)."""
+    obs: torch.Tensor  # (T + 1, B, ...): the observation after the last step closes the unroll
+    actions: torch.Tensor  # (T, B)
+    behaviour_logits: torch.Tensor  # (T, B, A): the actor's policy
+    rewards: torch.Tensor  # (T, B), with a time limit's bootstrap added
+    dones: torch.Tensor  # (T, B): the step ended an episode
+    initial_h: torch.Tensor  # (1, B, lstm_size): the core's state the unroll started from (size 0 without a core)
+    initial_c: torch.Tensor
 
 
 class UnrollActor:
@@ -284,16 +385,18 @@ class UnrollActor:
     def __init__(self, args, actor_index):
         torch.set_num_threads(1)  # actors share the machine with each other and with the learner
         torch.manual_seed(args.seed + 1000 * actor_index)
-        self.envs = make_envs(args.env_id, args.envs_per_actor, seed=args.seed + 1000 * actor_index)
-        self.agent = Agent(*spaces(self.envs), args.resnet)
+        self.envs = make_envs(args.env_id, args.envs_per_actor, args.seed + 1000 * actor_index, hide_obs=args.hide_obs)
+        self.agent = Agent(*spaces(self.envs), args.resnet, args.lstm)
         self.agent.requires_grad_(False)
         self.unroll_length, self.gamma, self.version = args.unroll_length, args.gamma, -1
         self.obs = self.envs.reset()[0]
+        self.state = self.agent.initial_state(args.envs_per_actor)  # the core's, carried across unrolls
+        self.node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
         self.episode_returns = np.zeros(args.envs_per_actor)
 
     def unroll(self, weights, version):
-        """Returns the unroll (observations 0..T, actions, behaviour logits, rewards, dones, numpy arrays), the
-        weights' version that acted, finished games' true scores and the seconds spent (all, and in the envs)."""
+        """Returns the unroll (the fields of Unrolls, numpy arrays), the weights' version that acted, finished games'
+        true scores and the seconds spent (all, and in the envs)."""
         start, env_seconds, finished = time.perf_counter(), 0.0, []
         if version != self.version:
             self.agent.load_state_dict(weights)
@@ -303,9 +406,10 @@ class UnrollActor:
         actions = np.empty((steps, num_envs), np.int64)
         rewards, dones = np.empty((steps, num_envs), np.float32), np.empty((steps, num_envs), np.float32)
         logits = np.empty((steps, num_envs, self.agent.policy_head.out_features), np.float32)
+        initial_h, initial_c = (part.numpy().copy() for part in self.state)
         for t in range(steps):
             obs[t] = self.obs
-            step_logits = self.agent(torch.from_numpy(self.obs))[0]
+            step_logits, _, self.state = self.agent(torch.from_numpy(self.obs), self.state)
             logits[t] = step_logits.numpy()
             gumbel = -torch.empty_like(step_logits).exponential_().log()
             actions[t] = (step_logits + gumbel).argmax(-1).numpy()  # Gumbel-max: a sample of the softmax
@@ -320,9 +424,13 @@ class UnrollActor:
             cut = truncations & ~terminations  # a time limit: the episode could have gone on, so bootstrap from its
             if cut.any() and "final_obs" in infos:  # last state (gymnasium only; envpool's Atari limit is 27k steps)
                 final_obs = torch.from_numpy(np.stack(infos["final_obs"][cut]))
-                rewards[t, cut] += self.gamma * self.agent(final_obs)[1].numpy()
+                final_state = tuple(part[:, cut] for part in self.state)
+                rewards[t, cut] += self.gamma * self.agent(final_obs, final_state)[1].numpy()
+            keep = torch.from_numpy(1.0 - dones[t]).view(1, -1, 1)  # a new episode starts from a zero state
+            self.state = tuple(part * keep for part in self.state)
         obs[steps] = self.obs
-        return {"unroll": (obs, actions, logits, rewards, dones), "version": self.version, "returns": finished,
+        unroll = Unrolls(obs, actions, logits, rewards, dones, initial_h, initial_c)
+        return {"unroll": unroll, "version": self.version, "returns": finished, "node": self.node,
                 "seconds": time.perf_counter() - start, "env_seconds": env_seconds}
 
 
@@ -346,14 +454,15 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.
     return vs, rhos.clamp(max=pg_rho_clip) * (rewards + discounts * next_vs - values)
 
 
-def update(obs, actions, behaviour_logits, rewards, dones, *, agent, optimizer, args):
-    """One IMPALA step on a batch of unrolls: obs (T + 1, B, ...), the rest (T, B, ...). Metrics stay on the device."""
-    T, B = actions.shape
-    logits, values = agent(obs.flatten(0, 1))
-    values = values.view(T + 1, B)
-    log_probs = logits.view(T + 1, B, -1)[:-1].log_softmax(-1)
+def impala_loss(unrolls, layout, *, agent, args):
+    """The IMPALA loss of a batch of Unrolls (`layout`: their `segment_layout` for the core, else empty), and its
+    metrics on the device."""
+    actions, dones, rewards = unrolls.actions, unrolls.dones, unrolls.rewards
+    T = len(actions)
+    logits, values = agent.replay(unrolls.obs, (unrolls.initial_h, unrolls.initial_c), layout)
+    log_probs = logits[:-1].log_softmax(-1)
     action_log_probs = log_probs.gather(-1, actions[..., None]).squeeze(-1)
-    behaviour_log_probs_all = behaviour_logits.log_softmax(-1)
+    behaviour_log_probs_all = unrolls.behaviour_logits.log_softmax(-1)
     behaviour_log_probs = behaviour_log_probs_all.gather(-1, actions[..., None]).squeeze(-1)
     with torch.no_grad():
         log_rhos = action_log_probs - behaviour_log_probs
@@ -369,32 +478,45 @@ def update(obs, actions, behaviour_logits, rewards, dones, *, agent, optimizer, 
     value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
     loss = pg_loss + args.vf_coef * value_loss - args.ent_coef * entropy
+    return loss, {"policy_loss": pg_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
+                  "kl": kl.mean(), "trusted_fraction": trusted.mean()}
+
+
+def update(unrolls, layout, *, agent, optimizer, args):
+    """One gradient step on `impala_loss`; metrics stay on the device."""
+    loss, metrics = impala_loss(unrolls, layout, agent=agent, args=args)
     optimizer.zero_grad()
     loss.backward()
-    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
     optimizer.step()
-    return {"policy_loss": pg_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
-            "grad_norm": grad_norm.detach(), "kl": kl.mean(), "trusted_fraction": trusted.mean()}
+    return metrics
 
 
 class UnrollReplay:
-    """LASER's replay: a ring of the most recent unrolls on the learner's device, sampled uniformly.
-    Costs replay_size x (T + 1) observations of memory: 1000 Atari unrolls of 20 steps take 0.6 GB."""
+    """LASER's replay: a ring of the most recent unrolls on the learner's device, sampled uniformly, and their dones
+    on the host too (the core's segment layout is planned there). Costs replay_size x (T + 1) observations of
+    memory: 1000 Atari unrolls of 20 steps take 0.6 GB."""
 
-    def __init__(self, capacity, batch, device):
-        self.storage = [torch.zeros((t.shape[0], capacity, *t.shape[2:]), dtype=t.dtype, device=device) for t in batch]
+    def __init__(self, capacity, unrolls, device):
+        self.storage = Unrolls(*(torch.zeros((t.shape[0], capacity, *t.shape[2:]), dtype=t.dtype, device=device)
+                                 for t in unrolls))
+        self.host_dones = np.zeros((unrolls.dones.shape[0], capacity), np.float32)
         self.capacity, self.size, self.cursor = capacity, 0, 0
 
-    def add(self, batch):
-        slots = (self.cursor + torch.arange(batch[0].shape[1], device=batch[0].device)) % self.capacity
-        for stored, fresh in zip(self.storage, batch):
-            stored[:, slots] = fresh
+    def add(self, unrolls, host_dones):
+        slots = (self.cursor + np.arange(host_dones.shape[1])) % self.capacity
+        device_slots = torch.from_numpy(slots).to(self.storage.dones.device)
+        for stored, fresh in zip(self.storage, unrolls):
+            stored[:, device_slots] = fresh
+        self.host_dones[:, slots] = host_dones
         self.cursor = (self.cursor + len(slots)) % self.capacity
         self.size = min(self.size + len(slots), self.capacity)
 
     def sample(self, n, generator):
-        index = torch.randint(self.size, (n,), device=self.storage[0].device, generator=generator)
-        return [stored[:, index] for stored in self.storage]
+        """n stored unrolls and their dones on the host; `generator` is a CPU one (no device sync picks them)."""
+        index = torch.randint(self.size, (n,), generator=generator)
+        device_index = index.to(self.storage.dones.device)
+        return Unrolls(*(stored[:, device_index] for stored in self.storage)), self.host_dones[:, index.numpy()]
 
 
 def speed_up(fn, compile, cudagraphs):
@@ -429,7 +551,9 @@ class ActorPool:
     its death once as a restart. An actor that cannot start, or whose code raises, ends the run: one error line."""
 
     def __init__(self, args, weights):
-        remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(UnrollActor)
+        # SPREAD: on a cluster, one actor per node in turn rather than filling the first node's CPUs
+        remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD")(
+            UnrollActor)
         self.actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
         self.envs_per_actor, self.weights, self.version = args.envs_per_actor, weights, 0
         self.pending, self.calls = {}, 0  # call in flight -> (actor index, call number)
@@ -437,6 +561,7 @@ class ActorPool:
         # made earlier may still succeed (it ran before the death) or fail; only a later one shows it is back.
         self.down_since = [None] * args.num_actors
         self.restarts = self.unrolls_lost = 0
+        self.nodes = [None] * args.num_actors  # where each actor's last unroll came from: "IP/node id"
         for index in [*range(args.num_actors)] * 2:
             self.call(index)
 
@@ -467,6 +592,7 @@ class ActorPool:
             if result is not None:
                 if self.down_since[index] is not None and number > self.down_since[index]:
                     self.down_since[index] = None
+                self.nodes[index] = result["node"]
                 return result, waited
 
     def count_loss(self, index, error):
@@ -493,14 +619,17 @@ def evaluate(agent, envs, device):
     (in Breakout, by never launching a new ball) until the 27k-step time limit."""
     obs, _ = envs.reset()
     returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
+    state = agent.initial_state(len(obs), device)
     while not finished.all():
         check_signals()
         with torch.no_grad():
-            logits = agent(torch.as_tensor(obs, device=device))[0]
+            logits, _, state = agent(torch.as_tensor(obs, device=device), state)
         actions = torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)
         obs, rewards, terminations, truncations, infos = envs.step(actions.cpu().numpy())
         returns += infos.get("reward", rewards) * ~finished
         finished |= game_over(infos, terminations, truncations)
+        keep = torch.as_tensor(~(terminations | truncations), dtype=torch.float32, device=device).view(1, -1, 1)
+        state = tuple(part * keep for part in state)
     return returns.tolist()
 
 
@@ -544,6 +673,8 @@ if __name__ == "__main__":
     kind = env_kind(args.env_id)
     if args.resnet and kind != "atari":
         fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")
+    if args.hide_obs and kind == "atari":
+        fail(f"--hide-obs is for flat observations; {args.env_id} has images")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     local_actors = 0 if args.ray_address else args.num_actors  # on a cluster, Ray may place them anywhere
     torch.set_num_threads(cpu_threads(args.torch_threads, device, kind == "atari", reserved=local_actors))
@@ -558,17 +689,23 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    replay_generator = torch.Generator(device).manual_seed(args.seed)
+    replay_generator = torch.Generator().manual_seed(args.seed)
 
     probe = make_envs(args.env_id, 1)
     obs_shape, num_actions = spaces(probe)
     probe.close()
-    agent = Agent(obs_shape, num_actions, args.resnet).to(device)
+    for index in args.hide_obs:
+        if not 0 <= index < obs_shape[0]:
+            fail(f"--hide-obs {index}: {args.env_id}'s observations have entries 0 to {obs_shape[0] - 1}")
+    agent = Agent(obs_shape, num_actions, args.resnet, args.lstm).to(device)
     learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
                                  capturable=cudagraphs_active)
-    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile,
-                           cudagraphs_active)
+    # One update per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes
+    # (compile shares its cache between them). Without a core, the layout is empty and there is one.
+    update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
+                                                args.compile, cudagraphs_active))
+    no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     connect(args.ray_address, args.num_actors)
     actor_pool = ActorPool(args, ray.put({k: v.cpu() for k, v in agent.state_dict().items()}))
@@ -579,11 +716,12 @@ if __name__ == "__main__":
     calls_per_batch, steps_per_call = num_fresh // envs_per_actor, steps * envs_per_actor
     pin = device.type == "cuda"
     obs_dtype = torch.uint8 if agent.pixels else torch.float32
-    staging = [torch.empty((steps + 1, num_fresh, *obs_shape), dtype=obs_dtype, pin_memory=pin),  # observations
-               torch.empty((steps, num_fresh), dtype=torch.long, pin_memory=pin),  # actions
-               torch.empty((steps, num_fresh, num_actions), pin_memory=pin),  # behaviour logits
-               torch.empty((steps, num_fresh), pin_memory=pin), torch.empty((steps, num_fresh), pin_memory=pin)]
-    staging_np = [t.numpy() for t in staging]
+    staging = Unrolls(torch.empty((steps + 1, num_fresh, *obs_shape), dtype=obs_dtype, pin_memory=pin),
+                      torch.empty((steps, num_fresh), dtype=torch.long, pin_memory=pin),
+                      torch.empty((steps, num_fresh, num_actions), pin_memory=pin),
+                      torch.empty((steps, num_fresh), pin_memory=pin), torch.empty((steps, num_fresh), pin_memory=pin),
+                      *(torch.empty((1, num_fresh, agent.lstm_size), pin_memory=pin) for _ in range(2)))
+    staging_np = Unrolls(*(t.numpy() for t in staging))
     replay = UnrollReplay(args.replay_size, staging, device) if num_replayed else None
 
     writer = SummaryWriter(run_dir)
@@ -591,7 +729,7 @@ if __name__ == "__main__":
     recent_returns, metrics = deque(maxlen=20), {}
     global_step = actor_steps = 0
     learner_wait = actor_busy = actor_env_seconds = 0.0
-    lags, stopped = [], None
+    lags, stopped, core_steps, padded_core_steps = [], None, 0, 0
     steady_start_time = steady_start_step = None
     next_line_time = time.perf_counter()
     for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
@@ -621,12 +759,17 @@ if __name__ == "__main__":
             if args.anneal_lr:
                 learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
             # Reusing the staging buffers is safe: the metrics' .tolist() below waits for the update, hence the copy.
-            batch = [t.to(device, non_blocking=True) for t in staging]
+            batch, host_dones = Unrolls(*(t.to(device, non_blocking=True) for t in staging)), staging_np.dones
             if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
-                replay.add(batch)
-                replayed = replay.sample(num_replayed, replay_generator)
-                batch = [torch.cat([fresh, old], 1) for fresh, old in zip(batch, replayed)]
-            metrics = update_step(*batch)
+                replay.add(batch, host_dones)
+                replayed, replayed_dones = replay.sample(num_replayed, replay_generator)
+                batch = Unrolls(*(torch.cat([fresh, old], 1) for fresh, old in zip(batch, replayed)))
+                host_dones = np.concatenate([host_dones, replayed_dones], 1)
+            layout = no_layout
+            if args.lstm:
+                layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(host_dones))
+                core_steps, padded_core_steps = core_steps + layout[2].numel(), padded_core_steps + layout[0].numel()
+            metrics = update_steps[layout[0].shape[-1]](batch, layout)
             num_updates += 1
             if num_updates % args.broadcast_every == 0:
                 actor_pool.publish(ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates)
@@ -657,7 +800,7 @@ if __name__ == "__main__":
 
     eval_returns = []
     if args.eval_episodes > 0 and not stopped:
-        eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
+        eval_envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs)
         torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
         try:
             eval_returns = evaluate(agent, eval_envs, device)
@@ -690,7 +833,10 @@ if __name__ == "__main__":
         # what the actors would produce if they never waited: their steps over the time their calls took
         "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
         "policy_lag_mean": float(np.mean(lags)) if lags else None, "policy_lag_max": max(lags, default=None),
-        "actor_restarts": actor_pool.restarts, "unrolls_lost": actor_pool.unrolls_lost,
+        "actor_restarts": actor_pool.restarts, "unrolls_lost": actor_pool.unrolls_lost, "lstm": args.lstm,
+        "actor_nodes": dict(Counter(node for node in actor_pool.nodes if node)),  # actors per node at the end
+        # the core's padded steps per real one: the cost of replaying a batch in one call
+        "lstm_padding": padded_core_steps / core_steps if core_steps else None,
         "final_metrics": {k: v.item() for k, v in metrics.items()},
         "steps_done": global_step, "stopped": str(stopped) if stopped else None,
     }

@@ -100,3 +100,18 @@ def assert_gae_equals_the_reverse_loop(script, steps, envs, compiled, seed, rewa
     expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
     torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(returns, expected_returns, atol=2e-5, rtol=1e-5)
+
+
+def done_patterns(num_steps, batch, generator):
+    """The cases the LSTM scripts' padding must get right, one (T, B) float pattern each (PPO-LSTM's dones[t]: obs t
+    starts an episode; IMPALA's: step t ends one)."""
+    none = torch.zeros(num_steps, batch)
+    first = none.clone()
+    first[0] = 1.0  # PPO-LSTM: every env starts an episode at t=0, no stored state is used
+    last = none.clone()
+    last[-1] = 1.0
+    every = torch.ones(num_steps, batch)
+    many_short = none.clone()
+    many_short[::3, 0] = 1.0  # env 0: episodes of three steps; the others: one long segment
+    random = (torch.rand(num_steps, batch, generator=generator) < 0.1).float()
+    return {"none": none, "t0": first, "last": last, "every": every, "many_short": many_short, "random": random}

@@ -84,6 +84,10 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
         run = json.loads((tmp_path / f"{name}__eager.json").read_text())
         assert run["num_actors"] == num_actors and run["sps"] > 0 and (run["replay_ratio"] > 0) == (name == "impala_replay")
         assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
+    for mode in ("eager", "compile"):  # the LSTM core: eager and compiled, whatever MODES says
+        run = json.loads((tmp_path / f"impala_lstm__{mode}.json").read_text())
+        assert run["lstm"] and run["lstm_padding"] >= 1.0 and run["mode"] == mode and run["sps"] > 0
+    assert not (tmp_path / "impala_lstm__compile+cudagraphs.json").exists() and "### impala_lstm: " in proc.stdout
     for name, env_id in names.items():
         for mode in ("eager", "compile+cudagraphs"):
             run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())

@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script
+from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, done_patterns, load_script, run_script
 from test_ppo_atari import random_policy_scores
 
 envpool = pytest.importorskip("envpool")
@@ -19,20 +19,6 @@ TINY = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-min
         "--update-epochs", 2, "--eval-episodes", 2]
 MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
          "compile+cudagraphs": ["--compile", "--cudagraphs"]}
-
-
-def done_patterns(num_steps, batch, generator):
-    """The cases the padding must get right, one (T, B) float pattern each."""
-    none = torch.zeros(num_steps, batch)
-    first = none.clone()
-    first[0] = 1.0  # every env starts an episode at t=0: no stored state is used
-    last = none.clone()
-    last[-1] = 1.0
-    every = torch.ones(num_steps, batch)
-    many_short = none.clone()
-    many_short[::3, 0] = 1.0  # env 0: episodes of three steps; the others: one long segment
-    random = (torch.rand(num_steps, batch, generator=generator) < 0.1).float()
-    return {"none": none, "t0": first, "last": last, "every": every, "many_short": many_short, "random": random}
 
 
 def reference_outputs(lstm, features, h, c, dones):
