@@ -7,6 +7,7 @@ command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto
     python leanrl_scripts/impala_ray.py --env-id Breakout-v5 --num-actors 4 --compile
 """
 
+import atexit
 import io
 import json
 import math
@@ -15,6 +16,7 @@ import random
 import resource
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict, deque
@@ -545,6 +547,28 @@ def connect(address, num_actors):
         fail(f"--ray-address {address}: {error}")
 
 
+def watch_driver(address):
+    """On a cluster, the run goes on in a child process, watched by this one. Ray ends a driver whose machine loses
+    its Ray processes (the head going away, when the driver runs on it) with _exit(1): no line, no clean-up. The
+    child marks every exit Python makes; an unmarked one is Ray's, and this process says so. Costs a second
+    Python process (its memory and start-up) on cluster runs only."""
+    marks, mark_end = os.pipe()
+    # A driver on another machine than the head keeps its Ray processes when the head goes away, and by default
+    # trains on for 60 s, blind, before Ray ends it: 10 s. (A head that comes back needs GCS fault tolerance.)
+    env = {"RAY_gcs_rpc_server_reconnect_timeout_s": "10", **os.environ, "IMPALA_EXIT_MARK_FD": str(mark_end)}
+    child = subprocess.Popen([sys.executable, *sys.argv], pass_fds=[mark_end], env=env)
+    os.close(mark_end)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child too (one process group)
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    code = child.wait()
+    if not os.read(marks, 1):  # Python never got to exit: Ray ended the child, or a signal did
+        cause = (f"the driver was killed by {signal.Signals(-code).name}" if code < 0 else
+                 f"Ray ended the driver: the Ray cluster at --ray-address {address} went away (its head, or the Ray "
+                 f"processes on this machine, stopped)")
+        print(f"error: {cause}; no summary was written", file=sys.stderr)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
 class ActorPool:
     """The Ray actors and their calls in flight, two per actor (the second is queued, so an actor never idles).
     A dead actor (a crash, a lost node) is restarted by Ray; its calls in flight fail and count as lost unrolls,
@@ -561,7 +585,7 @@ class ActorPool:
         # made earlier may still succeed (it ran before the death) or fail; only a later one shows it is back.
         self.down_since = [None] * args.num_actors
         self.restarts = self.unrolls_lost = 0
-        self.nodes = [None] * args.num_actors  # where each actor's last unroll came from: "IP/node id"
+        self.nodes = ["starting"] * args.num_actors  # where each actor's last unroll came from: "IP/node id"
         for index in [*range(args.num_actors)] * 2:
             self.call(index)
 
@@ -600,7 +624,7 @@ class ActorPool:
             stop_run(f"actor {index} could not start: {last_line(error)}")
         self.unrolls_lost += self.envs_per_actor
         if self.down_since[index] is None:  # the first failed call of this death (the calls queued behind fail too)
-            self.restarts, self.down_since[index] = self.restarts + 1, self.calls
+            self.restarts, self.down_since[index], self.nodes[index] = self.restarts + 1, self.calls, "restarting"
             print(f"warning: actor {index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
 
 
@@ -652,6 +676,10 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     if ray is None:
         fail('Ray is not installed: pip install ".[ray]"')
+    if args.ray_address and "IMPALA_EXIT_MARK_FD" not in os.environ:
+        watch_driver(args.ray_address)
+    if "IMPALA_EXIT_MARK_FD" in os.environ:  # the watched child: mark each exit Python makes
+        atexit.register(os.write, int(os.environ["IMPALA_EXIT_MARK_FD"]), b"x")
     start_time = time.perf_counter()
     for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every",
                  "replay_size"):
@@ -834,7 +862,7 @@ if __name__ == "__main__":
         "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
         "policy_lag_mean": float(np.mean(lags)) if lags else None, "policy_lag_max": max(lags, default=None),
         "actor_restarts": actor_pool.restarts, "unrolls_lost": actor_pool.unrolls_lost, "lstm": args.lstm,
-        "actor_nodes": dict(Counter(node for node in actor_pool.nodes if node)),  # actors per node at the end
+        "actor_nodes": dict(Counter(actor_pool.nodes)),  # actors per node at the end ("restarting": not back yet)
         # the core's padded steps per real one: the cost of replaying a batch in one call
         "lstm_padding": padded_core_steps / core_steps if core_steps else None,
         "final_metrics": {k: v.item() for k, v in metrics.items()},

@@ -1,0 +1,132 @@
+"""IMPALA on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster: a head and a second node, each
+with its own raylet and CPUs, as `ray start --head` and `ray start --address` make them): the actors are spread
+over both nodes and none outlives the run; the second node stopped mid-run costs its actors, not the run; the head
+going away ends the driver with one error line; a SIGTERM reaches the driver through the process watching it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import SCRIPTS
+
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+SCRIPT = os.path.join(SCRIPTS, "impala_ray.py")
+# 4 actors x 4 envs on CartPole, 16 unrolls (one call from each actor) per update
+ARGS = ["--env-id", "CartPole-v1", "--num-actors", "4", "--envs-per-actor", "4", "--batch-size", "16",
+        "--eval-episodes", "0"]
+
+
+@pytest.fixture
+def cluster():
+    """A head with 4 CPUs (room for every actor once the other node is gone) and a second node with 2. The head
+    checks its nodes' health every second, not every 3 s (Ray's default: a node is declared dead, and its actors
+    restarted, about 15 s after it stops), so that restarts come within a short run."""
+    health_checks = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+    agents_before = ray_agents()
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 4, "include_dashboard": False, "_system_config": health_checks})
+    cluster.add_node(num_cpus=2)
+    yield cluster
+    cluster.shutdown()
+    for pid in ray_agents() - agents_before:  # a killed raylet's agents outlive it (see docs/impala.md)
+        os.kill(int(pid), signal.SIGKILL)
+
+
+def ray_agents():
+    return set(subprocess.run(["pgrep", "-f", "ray::DashboardAgent|ray::RuntimeEnvAgent"], capture_output=True,
+                              text=True).stdout.split())
+
+
+def actor_processes():
+    return set(subprocess.run(["pgrep", "-f", "ray::UnrollActor"], capture_output=True, text=True).stdout.split())
+
+
+def start_run(cluster, total_timesteps, workdir):
+    return subprocess.Popen([sys.executable, SCRIPT, *ARGS, "--total-timesteps", str(total_timesteps),
+                             "--ray-address", cluster.address], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_actors(proc, before, count=4, timeout=120):
+    """Until `count` new actor processes play (then a few seconds more: some updates in)."""
+    deadline = time.time() + timeout
+    while len(actor_processes() - before) < count:
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.5)
+    time.sleep(3)
+
+
+def summary_of(stdout):
+    return json.loads(stdout.strip().splitlines()[-1][len("SPEED "):])
+
+
+def head_node_name(summary, other_nodes):
+    (head,) = set(summary["actor_nodes"]) - other_nodes
+    return head
+
+
+def test_actors_are_spread_over_both_nodes_and_none_outlives_the_run(cluster, workdir):
+    before = actor_processes()
+    proc = start_run(cluster, 40_000, workdir)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = summary_of(stdout)
+    assert sorted(summary["actor_nodes"].values()) == [2, 2], summary["actor_nodes"]  # two nodes, two actors each
+    assert summary["steps_done"] >= 40_000 and summary["ray_address"] == cluster.address
+    assert summary["actor_restarts"] == 0 and summary["unrolls_lost"] == 0
+    deadline = time.time() + 15  # the cluster runs on; the run's actors end with their driver
+    while actor_processes() - before and time.time() < deadline:
+        time.sleep(0.5)
+    assert not actor_processes() - before
+
+
+def test_a_node_stopped_mid_run_costs_its_actors_not_the_run(cluster, workdir):
+    """The second node's raylet and workers killed: its two actors die, Ray restarts them on the head, the run
+    reaches its budget and counts what was lost."""
+    (second_node,) = cluster.worker_nodes
+    before = actor_processes()
+    proc = start_run(cluster, 600_000, workdir)
+    wait_for_actors(proc, before)
+    cluster.remove_node(second_node, allow_graceful=False)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = summary_of(stdout)
+    # the node's two actors died, and the head's never did (a third restart was counted in one run, on a machine
+    # busy with another cluster: a restarted actor can die again while Ray tears the node down)
+    died = [line for line in stderr.splitlines() if "died; Ray restarts it" in line]
+    assert len({line.split()[2] for line in died}) == 2 and summary["actor_restarts"] == len(died) >= 2, died
+    assert summary["unrolls_lost"] >= 2 * 4, summary
+    assert summary["steps_done"] >= 600_000 and summary["num_updates"] == -(-600_000 // 320)
+    assert list(summary["actor_nodes"].values()) == [4], summary["actor_nodes"]  # all on the head by the end
+
+
+def test_a_head_that_goes_away_ends_the_driver_with_one_line(cluster, workdir):
+    before = actor_processes()
+    proc = start_run(cluster, 2_000_000, workdir)
+    wait_for_actors(proc, before)
+    removed = time.time()
+    cluster.remove_node(cluster.head_node, allow_graceful=False)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert time.time() - removed < 30, "the driver hung"  # 10 s without the head, when it is not the driver's node
+    assert proc.returncode == 1 and "SPEED" not in stdout
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Ray ended the driver: the Ray cluster at --ray-address") and "went away" in last
+
+
+def test_sigterm_reaches_the_watched_driver(cluster, workdir):
+    """On a cluster the driver runs in a child of the process the user started: a SIGTERM to that process stops
+    the run as it does locally (summary of the steps done, exit code 143)."""
+    before = actor_processes()
+    proc = start_run(cluster, 2_000_000, workdir)
+    wait_for_actors(proc, before)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    summary = summary_of(stdout)
+    assert summary["stopped"] == "stopped by SIGTERM" and 0 < summary["steps_done"] < 2_000_000
+    assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM: the steps done are in runs/")
