@@ -115,3 +115,21 @@ def done_patterns(num_steps, batch, generator):
     many_short[::3, 0] = 1.0  # env 0: episodes of three steps; the others: one long segment
     random = (torch.rand(num_steps, batch, generator=generator) < 0.1).float()
     return {"none": none, "t0": first, "last": last, "every": every, "many_short": many_short, "random": random}
+
+
+def loss_and_gradients(loss_fn, agent, *inputs):
+    """The loss and metrics of `loss_fn(*inputs)` and the gradients it gives `agent`'s parameters."""
+    agent.zero_grad()
+    loss, metrics = loss_fn(*inputs)
+    loss.backward()
+    return loss.detach(), metrics, {name: p.grad.clone() for name, p in agent.named_parameters()}
+
+
+def assert_same_loss_and_gradients(result, expected):
+    """Two `loss_and_gradients` results agree: loss, every metric, every parameter's gradient."""
+    (loss, metrics, grads), (expected_loss, expected_metrics, expected_grads) = result, expected
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
+    for name in expected_metrics:
+        torch.testing.assert_close(metrics[name], expected_metrics[name], atol=1e-5, rtol=1e-5)
+    for name in expected_grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)

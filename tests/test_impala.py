@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, SUMMARY_KEYS, done_patterns, load_script, run_script
+from conftest import (SCRIPTS, SUMMARY_KEYS, assert_same_loss_and_gradients, done_patterns, load_script,
+                      loss_and_gradients, run_script)
 
 SCRIPT = "impala_ray.py"
 IMPALA_KEYS = {"learner_updates_per_second", "actor_sps", "policy_lag_mean", "policy_lag_max", "actor_restarts",
@@ -84,13 +86,6 @@ def step_by_step(agent, obs, state, dones):
     return torch.stack(logits), torch.stack(values)
 
 
-def loss_and_gradients(module, agent, unrolls, layout):
-    agent.zero_grad()
-    loss, metrics = module.impala_loss(unrolls, layout, agent=agent, args=module.Args(replay_ratio=0.5))
-    loss.backward()
-    return loss.detach(), metrics, {name: p.grad.clone() for name, p in agent.named_parameters()}
-
-
 @pytest.mark.parametrize("pixels", [False, True], ids=["mlp", "cnn"])
 @pytest.mark.parametrize("pattern", ["none", "t0", "last", "every", "many_short", "random"])
 def test_padded_core_equals_the_actors_step_by_step_loop(pattern, pixels):
@@ -111,15 +106,12 @@ def test_padded_core_equals_the_actors_step_by_step_loop(pattern, pixels):
                                    atol=1e-5, rtol=1e-5)
     unrolls = module.Unrolls(obs, torch.randint(0, 3, (T, B), generator=g), torch.randn(T, B, 3, generator=g),
                              torch.randn(T, B, generator=g), dones, *state)
-    loss, metrics, grads = loss_and_gradients(module, agent, unrolls, layout)
+    loss_fn = partial(module.impala_loss, agent=agent, args=module.Args(replay_ratio=0.5))
+    padded = loss_and_gradients(loss_fn, agent, unrolls, layout)
     agent.replay = lambda obs, state, layout: step_by_step(agent, obs, state, dones)
-    loop_loss, loop_metrics, loop_grads = loss_and_gradients(module, agent, unrolls, layout)
-    torch.testing.assert_close(loss, loop_loss, atol=1e-5, rtol=1e-5)
-    for name in loop_metrics:
-        torch.testing.assert_close(metrics[name], loop_metrics[name], atol=1e-5, rtol=1e-5)
-    for name in loop_grads:
-        torch.testing.assert_close(grads[name], loop_grads[name], atol=1e-5, rtol=1e-4)
-    assert loop_grads["lstm.weight_hh_l0"].abs().sum() > 0
+    looped = loss_and_gradients(loss_fn, agent, unrolls, layout)
+    assert_same_loss_and_gradients(padded, looped)
+    assert looped[2]["lstm.weight_hh_l0"].abs().sum() > 0
 
 
 def test_segment_layout_cuts_after_a_done_and_pads_to_a_power_of_two():
