@@ -8,6 +8,7 @@ command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto
 """
 
 import atexit
+import ctypes
 import io
 import json
 import math
@@ -547,6 +548,9 @@ def connect(address, num_actors):
         fail(f"--ray-address {address}: {error}")
 
 
+PR_SET_PDEATHSIG = 1  # prctl's option: a signal to this process when its parent dies
+
+
 def watch_driver(address):
     """On a cluster, the run goes on in a child process, watched by this one. Ray ends a driver whose machine loses
     its Ray processes (the head going away, when the driver runs on it) with _exit(1): no line, no clean-up. The
@@ -556,7 +560,9 @@ def watch_driver(address):
     # A driver on another machine than the head keeps its Ray processes when the head goes away, and by default
     # trains on for 60 s, blind, before Ray ends it: 10 s. (A head that comes back needs GCS fault tolerance.)
     env = {"RAY_gcs_rpc_server_reconnect_timeout_s": "10", **os.environ, "IMPALA_EXIT_MARK_FD": str(mark_end)}
-    child = subprocess.Popen([sys.executable, *sys.argv], pass_fds=[mark_end], env=env)
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)  # Linux: the child gets a SIGTERM if this process is killed
+    child = subprocess.Popen([sys.executable, *sys.argv], pass_fds=[mark_end], env=env,
+                             preexec_fn=prctl and (lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)))
     os.close(mark_end)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child too (one process group)
     signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))

@@ -1,8 +1,10 @@
 """IMPALA on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster: a head and a second node, each
 with its own raylet and CPUs, as `ray start --head` and `ray start --address` make them): the actors are spread
 over both nodes and none outlives the run; the second node stopped mid-run costs its actors, not the run; the head
-going away ends the driver with one error line; a SIGTERM reaches the driver through the process watching it."""
+going away ends the driver with one error line; a SIGTERM reaches the driver through the process watching it, and
+the driver stops when that process is killed."""
 
+import glob
 import json
 import os
 import signal
@@ -130,3 +132,22 @@ def test_sigterm_reaches_the_watched_driver(cluster, workdir):
     summary = summary_of(stdout)
     assert summary["stopped"] == "stopped by SIGTERM" and 0 < summary["steps_done"] < 2_000_000
     assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM: the steps done are in runs/")
+
+
+def test_the_driver_stops_when_its_watcher_is_killed(cluster, workdir):
+    """SIGKILL to the process the user started (it cannot pass anything on): the driver gets a SIGTERM from the
+    kernel (PR_SET_PDEATHSIG) and stops as after Ctrl-C, with a summary of the steps done; nothing trains on."""
+    before = actor_processes()
+    proc = start_run(cluster, 2_000_000, workdir)
+    wait_for_actors(proc, before)
+    (driver,) = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.time() + 60
+    while os.path.exists(f"/proc/{driver}") and time.time() < deadline:
+        time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{driver}"), "the driver outlived its watcher"
+    (summary_path,) = glob.glob(os.path.join(workdir, "runs", "*", "summary.json"))
+    with open(summary_path) as f:
+        summary = json.load(f)
+    assert summary["stopped"] == "stopped by SIGTERM" and 0 < summary["steps_done"] < 2_000_000
