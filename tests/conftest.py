@@ -133,3 +133,18 @@ def assert_same_loss_and_gradients(result, expected):
         torch.testing.assert_close(metrics[name], expected_metrics[name], atol=1e-5, rtol=1e-5)
     for name in expected_grads:
         torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+
+
+def assert_checkpoint_round_trip(script, train_args, weights, workdir):
+    """Trained, saved, loaded with no steps to play and saved again: the same `weights` state dict (no evaluation
+    game: each costs tens of seconds on Atari); the checkpoint refused, exit code 2, on a game with other actions."""
+    trained, _ = run_script(script, [*train_args, "--save-model", "--eval-episodes", 0], workdir)
+    checkpoint = os.path.join(trained["run_dir"], "model.pt")
+    loaded, _ = run_script(script, ["--total-timesteps", 0, "--eval-episodes", 0, "--load-model", checkpoint,
+                                    "--save-model"], workdir)
+    first, second = (torch.load(os.path.join(run["run_dir"], "model.pt"), weights_only=True) for run in (trained, loaded))
+    assert first[weights].keys() == second[weights].keys()
+    assert all(torch.equal(first[weights][name], second[weights][name]) for name in first[weights])
+    _, proc = run_script(script, ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
+                         workdir, check=False, timeout=120)
+    assert proc.returncode == 2 and "Pong-v5 has 6" in proc.stderr

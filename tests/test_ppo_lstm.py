@@ -2,14 +2,13 @@
 and gradients), the script in every mode, and learning measured against a random policy."""
 
 import math
-import os
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from conftest import (SUMMARY_KEYS, assert_same_loss_and_gradients, assert_same_seed_same_numbers, done_patterns,
-                      load_script, loss_and_gradients, run_script)
+from conftest import (SUMMARY_KEYS, assert_checkpoint_round_trip, assert_same_loss_and_gradients,
+                      assert_same_seed_same_numbers, done_patterns, load_script, loss_and_gradients, run_script)
 from test_ppo_atari import random_policy_scores
 
 envpool = pytest.importorskip("envpool")
@@ -147,15 +146,4 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
 
 
 def test_a_checkpoint_loads_back_to_the_same_weights(workdir):
-    """Trained, saved, loaded with no steps to play and saved again: the same weights (no evaluation game: each
-    costs tens of seconds here)."""
-    trained, _ = run_script(SCRIPT, TINY + ["--save-model", "--eval-episodes", 0], workdir)
-    checkpoint = os.path.join(trained["run_dir"], "model.pt")
-    loaded, _ = run_script(SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 0, "--load-model", checkpoint,
-                                    "--save-model"], workdir)
-    first, second = (torch.load(os.path.join(run["run_dir"], "model.pt"), weights_only=True) for run in (trained, loaded))
-    assert first["agent"].keys() == second["agent"].keys()
-    assert all(torch.equal(first["agent"][name], second["agent"][name]) for name in first["agent"])
-    _, proc = run_script(SCRIPT, ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
-                         workdir, check=False, timeout=120)
-    assert proc.returncode == 2 and "Pong-v5 has 6" in proc.stderr
+    assert_checkpoint_round_trip(SCRIPT, TINY, "agent", workdir)
