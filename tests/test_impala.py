@@ -183,6 +183,47 @@ def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     assert stderr.count("died; Ray restarts it") == 1
 
 
+def descendants(pid):
+    """Every process below `pid`, from pgrep's parent links."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return {int(child) for child in children} | {grandchild for child in children for grandchild in descendants(child)}
+
+
+def running(pid):
+    """Alive and not a zombie (an orphan's exit status may wait for a reaper that never comes in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
+    """A driver killed with SIGKILL cannot shut its local Ray down; Ray's GCS and raylet follow it, and without the
+    script's reaper its two agents would stay a minute (see docs/impala.md)."""
+    args = CARTPOLE + ["--total-timesteps", 10**7, "--eval-episodes", 0]
+    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, SCRIPT), *map(str, args)], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ray_processes = set()
+    try:
+        first_line = proc.stderr.readline()  # a progress line: Ray, its agents and the actors are up
+        assert first_line.startswith("step "), first_line + proc.stderr.read()[-2000:]
+        ray_processes = descendants(proc.pid)
+        assert len(ray_processes) >= 5  # GCS, raylet, two agents, two actors, the reaper
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 15
+        while any(map(running, ray_processes)) and time.time() < deadline:
+            time.sleep(0.5)
+        left = [pid for pid in ray_processes if running(pid)]
+        assert not left, subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(map(str, left))],
+                                        capture_output=True, text=True).stdout
+    finally:
+        proc.kill()
+        for pid in filter(running, ray_processes):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--env-id", "NoSuchGame-v5"], "unknown env id 'NoSuchGame-v5'"),
     (["--env-id", "Pendulum-v1"], "needs discrete actions"),
