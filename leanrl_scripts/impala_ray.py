@@ -550,7 +550,7 @@ def connect(address, num_actors):
         end_local_ray_with_this_process()
 
 
-# Ray's processes to kill if the driver ends without a mark on this process's standard input (stdin's end of file)
+# The reaper: kills the pids it is given when its stdin (a pipe from the driver) ends without the driver's exit mark
 RAY_REAPER = """import os, signal, sys
 if not sys.stdin.read():
     for pid in sys.argv[1:]:
