@@ -813,7 +813,8 @@ if __name__ == "__main__":
                     stage[:, columns] = part
                 lags.append(num_updates - result["version"])
                 actor_steps, global_step = actor_steps + steps_per_call, global_step + steps_per_call
-                actor_busy, actor_env_seconds = actor_busy + result["seconds"], actor_env_seconds + result["env_seconds"]
+                actor_busy += result["seconds"]
+                actor_env_seconds += result["env_seconds"]
                 for episode_return in result["returns"]:
                     recent_returns.append(episode_return)
                     writer.add_scalar("charts/episodic_return", episode_return, global_step)
