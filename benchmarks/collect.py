@@ -113,7 +113,7 @@ def chart(results, references, path):
         bars = ax.bar(range(len(values)), values, color=colors, edgecolor="black", linewidth=0.5,
                       hatch=[""] * len(modes) + ["///"] * len(refs))
         ax.bar_label(bars, fmt="%.0f", fontsize=6)
-        crowded = len(values) > 5
+        crowded = len(values) > 4  # five labels side by side already run into each other
         ax.set_xticks(range(len(values)), labels + [label.replace(" ", "\n", 1) for label in refs], fontsize=6,
                       rotation=40 if crowded else 0, ha="right" if crowded else "center")
         ax.set_title(f"{name}: {runs[modes[0]]['env_id']}, {runs[modes[0]]['device']}", fontsize=7)
