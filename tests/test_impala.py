@@ -247,7 +247,7 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
 @pytest.mark.learning
 @pytest.mark.parametrize("replay", [False, True], ids=["impala", "laser-replay"])
 def test_learns_cartpole_with_two_actors(replay, workdir):
-    """About 80 s a run (90 with replay). Runs are not reproducible (the policy lag depends on timing); some
+    """About 56 s a run here (68 with replay). Runs are not reproducible (the policy lag depends on timing); some
     settle on a policy that scores 250-380: a second seed runs only when the first falls short. Without replay (16
     unrolls a batch, 1M steps): 500, 500, 479, 486, 500, 479, 418, 500. Replay gets 32 fresh unrolls and 8 replayed
     a batch, and 1.5M steps: with 16 + 4 in 1M, 3 runs in 9 and a CI run's two seeds fell short (252-379); with
