@@ -36,9 +36,8 @@ CONFIGS = {
     "ppo_lstm": ("ppo_atari_lstm.py", ATARI + ["--total-timesteps", "8192"], ["--total-timesteps", "4096"]),
     "dqn_atari": ("dqn_atari.py", ATARI + ["--total-timesteps", "3000", "--learning-starts", "1000",
                                            "--buffer-size", "5000"], ["--total-timesteps", "1800"]),
-    "dqn_atari_async": ("dqn_atari.py", ATARI + ["--total-timesteps", "3000", "--learning-starts", "1000",
-                                                 "--buffer-size", "5000", "--async-actor"],
-                        ["--total-timesteps", "1800"]),
+    "dqn_atari_async": ("dqn_atari_async.py", ATARI + ["--total-timesteps", "3000", "--learning-starts", "1000",
+                                                       "--buffer-size", "5000"], ["--total-timesteps", "1800"]),
     "impala": ("impala_ray.py", ATARI + ["--total-timesteps", "20480", "--num-actors", "2", "--envs-per-actor", "4"],
                ["--total-timesteps", "8192"]),
 }

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import NamedTuple
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
 from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 
 @dataclass
@@ -118,44 +120,6 @@ class Args:
     """evaluation episodes at the end of the run (whole games; greedy actions, sampled ones on Atari)"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
-
-
-LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-class Stopped(Exception):
-    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
-    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
-
-
-def note_signal(signum, frame):
-    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
-    writer queue, left with a lock taken, then hangs the exit)."""
-    SIGNALS_RECEIVED.append(signum)
-
-
-def check_signals():
-    if SIGNALS_RECEIVED:
-        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
-
-
-def check_finite(values, step):
-    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
-    for name, value in values.items():
-        if not math.isfinite(value):
-            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def usable_cores():
@@ -533,8 +497,7 @@ def speed_up(fn, compile, cudagraphs):
 
 
 def connect(address, num_actors):
-    """Start a local Ray instance, or join a cluster. A wrong address would make ray.init retry for minutes: probe
-    it."""
+    """Start a local Ray instance, or join a cluster (probed first: ray.init retries a wrong address for minutes)."""
     if address not in ("", "auto"):
         host, _, port = address.removeprefix("ray://").rpartition(":")
         try:
@@ -608,12 +571,13 @@ class ActorPool:
     A dead actor (a crash, a lost node) is restarted by Ray; its calls in flight fail and count as lost unrolls,
     its death once as a restart. An actor that cannot start, or whose code raises, ends the run: one error line."""
 
-    def __init__(self, args, weights):
+    def __init__(self, args, agent):
         # SPREAD: on a cluster, one actor per node in turn rather than filling the first node's CPUs
         remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD")(
             UnrollActor)
         self.actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
-        self.envs_per_actor, self.weights, self.version = args.envs_per_actor, weights, 0
+        self.envs_per_actor = args.envs_per_actor
+        self.publish(agent, 0)
         self.pending, self.calls = {}, 0  # call in flight -> (actor index, call number)
         # Per actor, None while it is up, else the number of the last call made before a failure was seen: a call
         # made earlier may still succeed (it ran before the death) or fail; only a later one shows it is back.
@@ -627,9 +591,9 @@ class ActorPool:
         self.calls += 1
         self.pending[self.actors[index].unroll.remote(self.weights, self.version)] = index, self.calls
 
-    def publish(self, weights, version):
-        """The actors' next calls fetch these weights through the object store."""
-        self.weights, self.version = weights, version
+    def publish(self, agent, version):
+        """The actors' next calls fetch the agent's weights, as they are now, through the object store."""
+        self.weights, self.version = ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), version
 
     def next_unroll(self):
         """The result of the next call that succeeds, and the seconds spent waiting for it."""
@@ -645,7 +609,7 @@ class ActorPool:
                 self.count_loss(index, error)
                 result = None
             except ray.exceptions.RayTaskError as error:  # an exception in the actor's code: a bug, not a crash
-                stop_run(f"actor {index} failed: {last_line(error)}")
+                actor_error(index, "failed", error)
             self.call(index)
             if result is not None:
                 if self.down_since[index] is not None and number > self.down_since[index]:
@@ -655,26 +619,25 @@ class ActorPool:
 
     def count_loss(self, index, error):
         if error.actor_init_failed:  # it cannot even start (a package missing on a node?): restarts won't help
-            stop_run(f"actor {index} could not start: {last_line(error)}")
+            actor_error(index, "could not start", error)
         self.unrolls_lost += self.envs_per_actor
         if self.down_since[index] is None:  # the first failed call of this death (the calls queued behind fail too)
             self.restarts, self.down_since[index], self.nodes[index] = self.restarts + 1, self.calls, "restarting"
             print(f"warning: actor {index} died; Ray restarts it ({type(error).__name__})", file=sys.stderr)
 
 
-def last_line(error):
-    return str(error).strip().splitlines()[-1]
-
-
-def stop_run(message):
-    print(f"error: {message}", file=sys.stderr)
+def actor_error(index, what, error):
+    """An actor's error that restarts will not mend ends the run: one line, exit code 1."""
+    print(f"error: actor {index} {what}: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
     sys.exit(1)
 
 
-def evaluate(agent, envs, device):
-    """True score of the first whole game in each env. Flat observations: the greedy action (the policy's mode, as
-    the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari policy can stall
-    (in Breakout, by never launching a new ball) until the 27k-step time limit."""
+def evaluate(agent, args, device):
+    """True score of the first whole game in each of --eval-episodes envs. Flat observations: the greedy action (the
+    policy's mode, as the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari
+    policy can stall (in Breakout, by never launching a new ball) until the 27k-step time limit."""
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs)
+    torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
     state = agent.initial_state(len(obs), device)
@@ -688,12 +651,41 @@ def evaluate(agent, envs, device):
         finished |= game_over(infos, terminations, truncations)
         keep = torch.as_tensor(~(terminations | truncations), dtype=torch.float32, device=device).view(1, -1, 1)
         state = tuple(part * keep for part in state)
+    envs.close()
     return returns.tolist()
 
 
-def write_atomic(path, data):
-    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
-    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+# ---- run bookkeeping: the same text in every script (tests/test_run_block.py); skip it to read the algorithm ----
+# Bad input: one line and exit code 2 before any work. Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A
+# non-finite value: exit code 1, no model. A stopped run still writes summary.json; every file is written atomically.
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
+SIGNALS_RECEIVED = []
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not hours later as its pages fill
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+class Stopped(Exception):
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_signals():  # called by the loop at safe points; the handler only notes the signal (Run.open says why)
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
     try:
         with open(path + ".tmp", "wb") as f:
             f.write(data)
@@ -706,6 +698,163 @@ def write_atomic(path, data):
             os.remove(path + ".tmp")
 
 
+class Run:
+    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1].
+    open() starts the run; inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed
+    measure on its first call, episode() and log() record; end() stops the clock; finish() writes the files, exits."""
+
+    def __init__(self, args, counts=(), rates=(), fractions=()):
+        self.args, self.start_time = args, time.perf_counter()
+        load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
+        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
+            fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
+        rules = [(counts, lambda value: value > 0, "must be positive"),
+                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        for names, valid, rule in rules:
+            for name in filter(lambda name: not valid(getattr(args, name)), names):
+                fail(f"--{name.replace('_', '-')} {rule}")
+        if load_model and not os.path.isfile(load_model):
+            fail(f"--load-model: no checkpoint at {load_model}")
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
+        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
+        self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
+
+    def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
+        try:
+            checkpoint = torch.load(self.args.load_model, map_location=self.device, weights_only=True)
+            made_for = {key: checkpoint[key] for key in sizes}
+            for name, state in states.items() if made_for == sizes else ():
+                state.load_state_dict(checkpoint[name])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
+        if made_for != sizes:
+            describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
+            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                 f"{self.args.env_id} has {describe(sizes)}")
+        return checkpoint
+
+    def open(self):
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self.writer = SummaryWriter(self.dir)
+        except OSError as error:  # `runs` is a file, no permission, a read-only disk
+            fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
+        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(self.args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
+        if self.args.cudagraphs and not self.cudagraphs:
+            print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
+        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
+        self.bar = tqdm(total=self.args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
+        self.next_line = time.perf_counter()
+
+    def in_env(self, env_call, *args):
+        start = time.perf_counter()
+        result = env_call(*args)
+        self.env_seconds += time.perf_counter() - start
+        return result
+
+    def mark_steady(self, step):
+        if self.steady_time is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
+
+    def episode(self, step, episode_return, length=None):
+        self.recent_returns.append(float(episode_return))
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        if length is not None:
+            self.writer.add_scalar("charts/episodic_length", length, step)
+
+    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
+        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
+        for name, value in values.items():
+            if not math.isfinite(value):
+                raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
+        for kind, scalars in (("losses", values), ("charts", charts)):
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.bar.update(step - self.bar.n)
+        if self.steady_time is not None and step > self.steady_step:
+            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
+            self.writer.add_scalar("charts/SPS", sps, step)
+            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
+            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
+            if self.bar.disable and time.perf_counter() >= self.next_line:
+                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
+                      flush=True)
+                self.next_line = time.perf_counter() + LINE_EVERY
+
+    @contextmanager
+    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
+        try:
+            yield
+        except Stopped as stop:
+            self.stopped = self.stopped or stop
+
+    def end(self, step, metrics):
+        self.final_metrics = {name: value.item() for name, value in metrics.items()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.mark_steady(step)  # a run that ends before its steady phase has none
+        self.steps_done, self.steady_steps = step, step - self.steady_step
+        self.steady_seconds = time.perf_counter() - self.steady_time
+        with self.stoppable():
+            self.log(step, metrics)  # the last values also go through the divergence check
+        self.bar.close()
+
+    def finish(self, evaluate, summary, checkpoint):
+        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
+        from `checkpoint` with --save-model (a diverged model is not kept), the last two lines, and the exit code."""
+        args, eval_returns = self.args, []
+        if args.eval_episodes > 0 and not self.stopped:
+            with self.stoppable():
+                eval_returns = evaluate()
+                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
+            signal.signal(signum, signal.SIG_IGN)
+        record = {
+            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
+                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
+            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
+            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "warmup_seconds": self.steady_time - self.start_time,
+            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None, **summary,
+        }
+        if self.device.type == "cuda":
+            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
+        self.writer.close()
+        write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
+        diverged = self.stopped is not None and self.stopped.exit_code == 1
+        if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+            torch.save({"env_id": args.env_id, "args": asdict(args), **checkpoint}, buffer)
+            write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
+        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
+        print("SPEED " + json.dumps(record))
+        if self.stopped:
+            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                  file=sys.stderr)
+            sys.exit(self.stopped.exit_code)
+# ---- end of the run bookkeeping ----
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     if ray is None:
@@ -714,17 +863,8 @@ if __name__ == "__main__":
         watch_driver(args.ray_address)
     if "IMPALA_EXIT_MARK_FD" in os.environ:  # the watched child: mark each exit Python makes
         atexit.register(os.write, int(os.environ["IMPALA_EXIT_MARK_FD"]), b"x")
-    start_time = time.perf_counter()
-    for name in ("total_timesteps", "num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every",
-                 "replay_size"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive")
-    if args.torch_threads < 0:
-        fail("--torch-threads must be 0 (chosen for this machine) or positive")
-    if not 0 < args.learning_rate < math.inf:  # also refuses nan
-        fail("--learning-rate must be a positive number")
-    if not 0 <= args.gamma <= 1 or args.eval_episodes < 0:
-        fail("--gamma must be in [0, 1], --eval-episodes at least 0")
+    run = Run(args, counts=("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every",
+                            "replay_size"), rates=("learning_rate",))
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)
@@ -737,15 +877,9 @@ if __name__ == "__main__":
         fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")
     if args.hide_obs and kind == "atari":
         fail(f"--hide-obs is for flat observations; {args.env_id} has images")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = run.device
     local_actors = 0 if args.ray_address else args.num_actors  # on a cluster, Ray may place them anywhere
     torch.set_num_threads(cpu_threads(args.torch_threads, device, kind == "atari", reserved=local_actors))
-    cudagraphs_active = args.cudagraphs and device.type == "cuda"
-    if args.cudagraphs and not cudagraphs_active:
-        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
-    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -756,22 +890,20 @@ if __name__ == "__main__":
     probe = make_envs(args.env_id, 1)
     obs_shape, num_actions = spaces(probe)
     probe.close()
-    for index in args.hide_obs:
-        if not 0 <= index < obs_shape[0]:
-            fail(f"--hide-obs {index}: {args.env_id}'s observations have entries 0 to {obs_shape[0] - 1}")
+    for index in (index for index in args.hide_obs if not 0 <= index < obs_shape[0]):
+        fail(f"--hide-obs {index}: {args.env_id}'s observations have entries 0 to {obs_shape[0] - 1}")
     agent = Agent(obs_shape, num_actions, args.resnet, args.lstm).to(device)
     learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
-                                 capturable=cudagraphs_active)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     # One update per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes
     # (compile shares its cache between them). Without a core, the layout is empty and there is one.
     update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
-                                                args.compile, cudagraphs_active))
+                                                args.compile, run.cudagraphs))
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     connect(args.ray_address, args.num_actors)
-    actor_pool = ActorPool(args, ray.put({k: v.cpu() for k, v in agent.state_dict().items()}))
-    num_updates = 0
+    run.open()  # after ray.init, which sets its own SIGTERM handler; before the actors start
+    actor_pool = ActorPool(args, agent)
 
     # Fresh unrolls are gathered column by column in host memory (pinned on CUDA), then sent to the device at once.
     steps, envs_per_actor = args.unroll_length, args.envs_per_actor
@@ -786,24 +918,13 @@ if __name__ == "__main__":
     staging_np = Unrolls(*(t.numpy() for t in staging))
     replay = UnrollReplay(args.replay_size, staging, device) if num_replayed else None
 
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-    recent_returns, metrics = deque(maxlen=20), {}
-    global_step = actor_steps = 0
-    learner_wait = actor_busy = actor_env_seconds = 0.0
-    lags, stopped, core_steps, padded_core_steps = [], None, 0, 0
-    steady_start_time = steady_start_step = None
-    next_line_time = time.perf_counter()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, note_signal)
-    try:
+    metrics, num_updates, global_step, actor_steps, learner_wait, actor_busy, lags = {}, 0, 0, 0, 0.0, 0.0, []
+    core_steps = padded_core_steps = 0
+    with run.stoppable():
         while global_step < args.total_timesteps:
             if num_updates == args.measure_burnin:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                steady_start_time, steady_start_step = time.perf_counter(), global_step
-                learner_wait = actor_busy = actor_env_seconds = actor_steps = 0
+                run.mark_steady(global_step)
+                learner_wait = actor_busy = actor_steps = 0
             for call_index in range(calls_per_batch):  # each call brings envs_per_actor columns of the batch
                 check_signals()
                 result, waited = actor_pool.next_unroll()
@@ -814,14 +935,13 @@ if __name__ == "__main__":
                 lags.append(num_updates - result["version"])
                 actor_steps, global_step = actor_steps + steps_per_call, global_step + steps_per_call
                 actor_busy += result["seconds"]
-                actor_env_seconds += result["env_seconds"]
+                run.env_seconds += result["env_seconds"] / args.num_actors  # per actor: each steps its envs in turn
                 for episode_return in result["returns"]:
-                    recent_returns.append(episode_return)
-                    writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                    run.episode(global_step, episode_return)
 
             if args.anneal_lr:
                 learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
-            # Reusing the staging buffers is safe: the metrics' .tolist() below waits for the update, hence the copy.
+            # Reusing the staging buffers is safe: the metrics' read in run.log below waits for the update, hence the copy.
             batch, host_dones = Unrolls(*(t.to(device, non_blocking=True) for t in staging)), staging_np.dones
             if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
                 replay.add(batch, host_dones)
@@ -835,63 +955,16 @@ if __name__ == "__main__":
             metrics = update_steps[layout[0].shape[-1]](batch, layout)
             num_updates += 1
             if num_updates % args.broadcast_every == 0:
-                actor_pool.publish(ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), num_updates)
-
-            logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync per update
-            check_finite(logged, global_step)
-            for name, value in logged.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/policy_lag", lags[-1], global_step)
-            if steady_start_time is not None and global_step > steady_start_step:
-                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
-                writer.add_scalar("charts/SPS", sps, global_step)
-                if time.perf_counter() >= next_line_time:  # no bar to update: a line, also on a terminal
-                    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
-                    print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                          flush=True)
-                    next_line_time = time.perf_counter() + LINE_EVERY
-    except Stopped as stop:
-        stopped = stop
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    end_time = time.perf_counter()
+                actor_pool.publish(agent, num_updates)
+            run.log(global_step, metrics, policy_lag=lags[-1])  # one sync per update
+    run.end(global_step, metrics)
     ray.shutdown()
-    if steady_start_time is None:  # the run ended before the steady phase began
-        steady_start_time, steady_start_step = end_time, global_step
-    steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
-
-    eval_returns = []
-    if args.eval_episodes > 0 and not stopped:
-        eval_envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs)
-        torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
-        try:
-            eval_returns = evaluate(agent, eval_envs, device)
-            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-        except Stopped as stop:
-            stopped = stop
-        eval_envs.close()
-    # What remains writes two files in about a second: a signal now would leave them half done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     summary = {
-        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed,
-        "num_envs": args.num_actors * args.envs_per_actor, "total_timesteps": args.total_timesteps, "mode": mode,
-        "compile": args.compile, "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active,
-        "device": str(device), "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
-        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
-        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
-        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
-        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        # per actor: the wall time each actor spent stepping its envs in the steady phase
-        "env_seconds": actor_env_seconds / args.num_actors,
-        "num_actors": args.num_actors, "envs_per_actor": args.envs_per_actor, "replay_ratio": args.replay_ratio,
-        "ray_address": args.ray_address or "local", "num_updates": num_updates,
-        "learner_updates_per_second": ((num_updates - min(num_updates, args.measure_burnin)) / steady_seconds
-                                       if steady_steps > 0 else None),
+        "num_envs": args.num_actors * args.envs_per_actor, "num_actors": args.num_actors, "envs_per_actor": envs_per_actor,
+        "replay_ratio": args.replay_ratio, "ray_address": args.ray_address or "local", "num_updates": num_updates,
+        "learner_updates_per_second": ((num_updates - min(num_updates, args.measure_burnin)) / run.steady_seconds
+                                       if run.steady_steps > 0 else None),
         "learner_wait_seconds": learner_wait,
         # what the actors would produce if they never waited: their steps over the time their calls took
         "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
@@ -900,24 +973,5 @@ if __name__ == "__main__":
         "actor_nodes": dict(Counter(actor_pool.nodes)),  # actors per node at the end ("restarting": not back yet)
         # the core's padded steps per real one: the cost of replaying a batch in one call
         "lstm_padding": padded_core_steps / core_steps if core_steps else None,
-        "final_metrics": {k: v.item() for k, v in metrics.items()},
-        "steps_done": global_step, "stopped": str(stopped) if stopped else None,
     }
-    if device.type == "cuda":
-        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
-    writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
-    diverged = stopped is not None and stopped.exit_code == 1
-    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
-                      "agent": agent.state_dict()}
-        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-        torch.save(checkpoint, buffer)
-        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
-    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
-    print(f"{global_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
-    print("SPEED " + json.dumps(summary))
-    if stopped:
-        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
-        sys.exit(stopped.exit_code)
+    run.finish(partial(evaluate, agent, args, device), summary, {"num_actions": num_actions, "agent": agent.state_dict()})

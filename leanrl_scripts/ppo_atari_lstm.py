@@ -17,10 +17,10 @@ import signal
 import sys
 import time
 from collections import defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import NamedTuple
-from typing import Literal
+from typing import Literal, NamedTuple
 
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
 # programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
@@ -98,44 +98,6 @@ class Args:
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
     load_model: str = ""
     """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
-
-
-LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-class Stopped(Exception):
-    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
-    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
-
-
-def note_signal(signum, frame):
-    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
-    writer queue, left with a lock taken, then hangs the exit)."""
-    SIGNALS_RECEIVED.append(signum)
-
-
-def check_signals():
-    if SIGNALS_RECEIVED:
-        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
-
-
-def check_finite(values, step):
-    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
-    for name, value in values.items():
-        if not math.isfinite(value):
-            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def usable_cores():
@@ -354,8 +316,11 @@ def speed_up(fn, compile, cudagraphs):
     return fn
 
 
-def evaluate(agent, envs, device):
-    """True score of the first whole game in each env, with sampled actions (a greedy Atari policy can stall)."""
+def evaluate(agent, args, device):
+    """True score of the first whole game in each of --eval-episodes envs, with sampled actions (a greedy Atari policy
+    can stall)."""
+    envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
+    torch.manual_seed(args.seed)  # evaluation does not depend on what training drew
     obs, _ = envs.reset()
     h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
     done = torch.zeros(envs.num_envs, device=device)
@@ -368,12 +333,41 @@ def evaluate(agent, envs, device):
         done = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
         returns += rewards * ~finished
         finished |= terminations | truncations
+    envs.close()
     return returns.tolist()
 
 
-def write_atomic(path, data):
-    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
-    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+# ---- run bookkeeping: the same text in every script (tests/test_run_block.py); skip it to read the algorithm ----
+# Bad input: one line and exit code 2 before any work. Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A
+# non-finite value: exit code 1, no model. A stopped run still writes summary.json; every file is written atomically.
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
+SIGNALS_RECEIVED = []
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not hours later as its pages fill
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+class Stopped(Exception):
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_signals():  # called by the loop at safe points; the handler only notes the signal (Run.open says why)
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
     try:
         with open(path + ".tmp", "wb") as f:
             f.write(data)
@@ -386,22 +380,169 @@ def write_atomic(path, data):
             os.remove(path + ".tmp")
 
 
+class Run:
+    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1].
+    open() starts the run; inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed
+    measure on its first call, episode() and log() record; end() stops the clock; finish() writes the files, exits."""
+
+    def __init__(self, args, counts=(), rates=(), fractions=()):
+        self.args, self.start_time = args, time.perf_counter()
+        load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
+        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
+            fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
+        rules = [(counts, lambda value: value > 0, "must be positive"),
+                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        for names, valid, rule in rules:
+            for name in filter(lambda name: not valid(getattr(args, name)), names):
+                fail(f"--{name.replace('_', '-')} {rule}")
+        if load_model and not os.path.isfile(load_model):
+            fail(f"--load-model: no checkpoint at {load_model}")
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
+        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
+        self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
+
+    def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
+        try:
+            checkpoint = torch.load(self.args.load_model, map_location=self.device, weights_only=True)
+            made_for = {key: checkpoint[key] for key in sizes}
+            for name, state in states.items() if made_for == sizes else ():
+                state.load_state_dict(checkpoint[name])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
+        if made_for != sizes:
+            describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
+            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                 f"{self.args.env_id} has {describe(sizes)}")
+        return checkpoint
+
+    def open(self):
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self.writer = SummaryWriter(self.dir)
+        except OSError as error:  # `runs` is a file, no permission, a read-only disk
+            fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
+        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(self.args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
+        if self.args.cudagraphs and not self.cudagraphs:
+            print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
+        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
+        self.bar = tqdm(total=self.args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
+        self.next_line = time.perf_counter()
+
+    def in_env(self, env_call, *args):
+        start = time.perf_counter()
+        result = env_call(*args)
+        self.env_seconds += time.perf_counter() - start
+        return result
+
+    def mark_steady(self, step):
+        if self.steady_time is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
+
+    def episode(self, step, episode_return, length=None):
+        self.recent_returns.append(float(episode_return))
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        if length is not None:
+            self.writer.add_scalar("charts/episodic_length", length, step)
+
+    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
+        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
+        for name, value in values.items():
+            if not math.isfinite(value):
+                raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
+        for kind, scalars in (("losses", values), ("charts", charts)):
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.bar.update(step - self.bar.n)
+        if self.steady_time is not None and step > self.steady_step:
+            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
+            self.writer.add_scalar("charts/SPS", sps, step)
+            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
+            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
+            if self.bar.disable and time.perf_counter() >= self.next_line:
+                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
+                      flush=True)
+                self.next_line = time.perf_counter() + LINE_EVERY
+
+    @contextmanager
+    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
+        try:
+            yield
+        except Stopped as stop:
+            self.stopped = self.stopped or stop
+
+    def end(self, step, metrics):
+        self.final_metrics = {name: value.item() for name, value in metrics.items()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.mark_steady(step)  # a run that ends before its steady phase has none
+        self.steps_done, self.steady_steps = step, step - self.steady_step
+        self.steady_seconds = time.perf_counter() - self.steady_time
+        with self.stoppable():
+            self.log(step, metrics)  # the last values also go through the divergence check
+        self.bar.close()
+
+    def finish(self, evaluate, summary, checkpoint):
+        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
+        from `checkpoint` with --save-model (a diverged model is not kept), the last two lines, and the exit code."""
+        args, eval_returns = self.args, []
+        if args.eval_episodes > 0 and not self.stopped:
+            with self.stoppable():
+                eval_returns = evaluate()
+                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
+            signal.signal(signum, signal.SIG_IGN)
+        record = {
+            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
+                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
+            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
+            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "warmup_seconds": self.steady_time - self.start_time,
+            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None, **summary,
+        }
+        if self.device.type == "cuda":
+            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
+        self.writer.close()
+        write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
+        diverged = self.stopped is not None and self.stopped.exit_code == 1
+        if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+            torch.save({"env_id": args.env_id, "args": asdict(args), **checkpoint}, buffer)
+            write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
+        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
+        print("SPEED " + json.dumps(record))
+        if self.stopped:
+            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                  file=sys.stderr)
+            sys.exit(self.stopped.exit_code)
+# ---- end of the run bookkeeping ----
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
-    start_time = time.perf_counter()
-    if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
-        fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive")
-    if args.torch_threads < 0:
-        fail("--torch-threads must be 0 (chosen for this machine) or positive")
-    if not 0 < args.learning_rate < math.inf:  # also refuses nan
-        fail("--learning-rate must be a positive number")
-    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1 or args.eval_episodes < 0:
-        fail("--gamma and --gae-lambda must be in [0, 1], --eval-episodes at least 0")
+    run = Run(args, counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"), rates=("learning_rate",),
+              fractions=("gae_lambda",))
     if args.num_envs % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: minibatches are whole env rows")
     envs_per_batch = args.num_envs // args.num_minibatches
@@ -409,16 +550,8 @@ if __name__ == "__main__":
     if 0 < args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     num_iterations = args.total_timesteps // batch_size
-    if args.load_model and not os.path.isfile(args.load_model):
-        fail(f"--load-model: no checkpoint at {args.load_model}")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = run.device
     torch.set_num_threads(cpu_threads(args.torch_threads, device))
-    cudagraphs_active = args.cudagraphs and device.type == "cuda"
-    if args.cudagraphs and not cudagraphs_active:
-        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
-    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
 
     random.seed(args.seed)
     rng = np.random.default_rng(args.seed)  # minibatch env groups: their segment plans are built on the host
@@ -430,57 +563,38 @@ if __name__ == "__main__":
     agent = Agent(num_actions).to(device)
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=cudagraphs_active)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     if args.load_model:
-        try:
-            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
-            if loaded["num_actions"] != num_actions:
-                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, which has "
-                     f"{loaded['num_actions']} actions; {args.env_id} has {num_actions}")
-            agent.load_state_dict(loaded["agent"])
-            optimizer.load_state_dict(loaded["optimizer"])
-        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
-            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
+        run.load_checkpoint({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
     agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, cudagraphs_active)
-    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, cudagraphs_active)
+    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, run.cudagraphs)
+    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, run.cudagraphs)
     # One update per padded segment count, made at its first use: a CUDA graph has fixed shapes (compile shares
     # its cache between them).
     update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
-                                                args.compile, cudagraphs_active))
+                                                args.compile, run.cudagraphs))
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
     T, E = args.num_steps, args.num_envs
     obs = torch.zeros((T, E, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, E), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((T, E), device=device) for _ in range(4))
     dones_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
     episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
-    recent_returns, metrics, num_updates, env_seconds, stopped = deque(maxlen=20), {}, 0, 0.0, None
-    next_line_time = time.perf_counter()
-    padded_steps = real_steps = 0
-    steady_start_time = steady_start_step = None
+    metrics, num_updates, padded_steps, real_steps, global_step = {}, 0, 0, 0, 0
     next_obs_np, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs_np).to(device)
     next_done_np = np.zeros(E, dtype=np.float32)
     next_done = torch.zeros(E, device=device)
     h = c = torch.zeros(1, E, agent.lstm.hidden_size, device=device)
-    global_step = 0
-    progress = tqdm(range(num_iterations), disable=not sys.stderr.isatty())
-    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, note_signal)
-    try:
-        for iteration in progress:
+    run.open()
+    with run.stoppable():
+        for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+                run.mark_steady(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
@@ -489,9 +603,7 @@ if __name__ == "__main__":
                 check_signals()
                 obs[step], dones[step], dones_host[step] = next_obs, next_done, next_done_np
                 actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_done)
-                env_start = time.perf_counter()
-                next_obs_np, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
-                env_seconds += time.perf_counter() - env_start
+                next_obs_np, reward, terminations, truncations, infos = run.in_env(envs.step, actions[step].cpu().numpy())
                 global_step += E
                 next_done_np = (terminations | truncations).astype(np.float32)
                 step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(device, non_blocking=True)
@@ -501,9 +613,7 @@ if __name__ == "__main__":
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
-                    recent_returns.append(episode_returns[env_id])
-                    writer.add_scalar("charts/episodic_return", episode_returns[env_id], global_step)
-                    writer.add_scalar("charts/episodic_length", episode_lengths[env_id], global_step)
+                    run.episode(global_step, episode_returns[env_id], episode_lengths[env_id])
                     episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
             next_value = policy_step(next_obs, h, c, next_done)[2]
@@ -524,77 +634,11 @@ if __name__ == "__main__":
                                           *layout, *(t[:, columns] for t in (actions, logprobs, advantages, returns, values)))
                     metrics = update_steps[layout[0].shape[-1]](minibatch)
                     num_updates += 1
-
-            logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync per iteration
-            check_finite(logged, global_step)
-            for name, value in logged.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/learning_rate", lr_now, global_step)
-            if steady_start_time is not None and global_step > steady_start_step:
-                sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
-                writer.add_scalar("charts/SPS", sps, global_step)
-                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
-                progress.set_postfix(sps=f"{sps:.0f}", ret=recent)
-                if progress.disable and time.perf_counter() >= next_line_time:
-                    print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}",
-                          file=sys.stderr, flush=True)
-                    next_line_time = time.perf_counter() + LINE_EVERY
-    except Stopped as stop:
-        stopped = stop
-    progress.close()
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    end_time = time.perf_counter()
+            run.log(global_step, metrics, learning_rate=lr_now)
+    run.end(global_step, metrics)
     envs.close()
-    if steady_start_time is None:  # the run ended before the steady phase began
-        steady_start_time, steady_start_step, env_seconds = end_time, global_step, 0.0
-    steady_steps, steady_seconds = global_step - steady_start_step, end_time - steady_start_time
 
-    eval_returns = []
-    if args.eval_episodes > 0 and not stopped:
-        eval_envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
-        torch.manual_seed(args.seed)  # actions are sampled: evaluation does not depend on what training drew
-        try:
-            eval_returns = evaluate(agent_view, eval_envs, device)
-            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-        except Stopped as stop:
-            stopped = stop
-        eval_envs.close()
-    # What remains writes two files in about a second: a signal now would leave them half done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    summary = {
-        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
-        "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
-        "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
-        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(), "lstm_impl": args.lstm_impl,
-        "padded_steps": padded_steps, "real_steps": real_steps, "update_shapes": len(update_steps),
-        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
-        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
-        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
-        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
-        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
-        "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
-        "steps_done": global_step, "stopped": str(stopped) if stopped else None,
-    }
-    if device.type == "cuda":
-        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
-    writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
-    diverged = stopped is not None and stopped.exit_code == 1
-    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
-        checkpoint = {"env_id": args.env_id, "num_actions": num_actions, "args": asdict(args),
-                      "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
-        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-        torch.save(checkpoint, buffer)
-        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
-
-    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
-    print(f"{global_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
-    print("SPEED " + json.dumps(summary))
-    if stopped:
-        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
-        sys.exit(stopped.exit_code)
+    summary = {"lstm_impl": args.lstm_impl, "padded_steps": padded_steps, "real_steps": real_steps,
+               "update_shapes": len(update_steps), "num_updates": num_updates}
+    checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+    run.finish(partial(evaluate, agent_view, args, device), summary, checkpoint)

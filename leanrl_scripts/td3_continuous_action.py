@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -87,51 +88,6 @@ class Args:
 
 
 LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
-LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_fits(num_bytes, device, flag):
-    """A buffer larger than the device's memory fails now, not hours later (a CPU tensor's pages are only
-    touched as it fills)."""
-    cuda = device.type == "cuda"
-    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if num_bytes > total:
-        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
-
-
-class Stopped(Exception):
-    """Ends the run early (Ctrl-C, SIGTERM, a non-finite loss); the summary of the steps done, and the model
-    with --save-model, are still written. Exit code 1 marks a diverged run, whose model is not kept."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-SIGNALS_RECEIVED = []  # by note_signal; the loop reads them at safe points through check_signals
-
-
-def note_signal(signum, frame):
-    """Only notes the signal. Raising from the handler instead could interrupt a library mid-way (TensorBoard's
-    writer queue, left with a lock taken, then hangs the exit)."""
-    SIGNALS_RECEIVED.append(signum)
-
-
-def check_signals():
-    if SIGNALS_RECEIVED:
-        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
-
-
-def check_finite(values, step):
-    """Stops the run at the first non-finite value among those read for logging (no sync of its own)."""
-    for name, value in values.items():
-        if not math.isfinite(value):
-            raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
 
 
 def make_env(env_id, video_folder=None):
@@ -281,9 +237,10 @@ def detached_view(module, like):
     return like.requires_grad_(False)
 
 
-def evaluate(actor, envs, device, seed):
-    """Undiscounted return of the first episode in each env, with the deterministic action."""
-    obs, _ = envs.reset(seed=seed)
+def evaluate(actor, args, device, video_folder):
+    """Undiscounted return of the first episode in each of --eval-episodes envs, with the deterministic action."""
+    envs = make_envs(args.env_id, args.eval_episodes, video_folder)
+    obs, _ = envs.reset(seed=args.seed + 10_000)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         check_signals()
@@ -292,12 +249,41 @@ def evaluate(actor, envs, device, seed):
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations
+    envs.close()
     return returns.tolist()
 
 
-def write_atomic(path, data):
-    """Write `data` (bytes) through a temporary file, then rename it: a reader never sees a half-written file.
-    A failed write (a full disk) leaves no temporary file and ends the run with one line, exit code 1."""
+# ---- run bookkeeping: the same text in every script (tests/test_run_block.py); skip it to read the algorithm ----
+# Bad input: one line and exit code 2 before any work. Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A
+# non-finite value: exit code 1, no model. A stopped run still writes summary.json; every file is written atomically.
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
+SIGNALS_RECEIVED = []
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not hours later as its pages fill
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+class Stopped(Exception):
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_signals():  # called by the loop at safe points; the handler only notes the signal (Run.open says why)
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
     try:
         with open(path + ".tmp", "wb") as f:
             f.write(data)
@@ -310,34 +296,173 @@ def write_atomic(path, data):
             os.remove(path + ".tmp")
 
 
+class Run:
+    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1].
+    open() starts the run; inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed
+    measure on its first call, episode() and log() record; end() stops the clock; finish() writes the files, exits."""
+
+    def __init__(self, args, counts=(), rates=(), fractions=()):
+        self.args, self.start_time = args, time.perf_counter()
+        load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
+        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
+            fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
+        rules = [(counts, lambda value: value > 0, "must be positive"),
+                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        for names, valid, rule in rules:
+            for name in filter(lambda name: not valid(getattr(args, name)), names):
+                fail(f"--{name.replace('_', '-')} {rule}")
+        if load_model and not os.path.isfile(load_model):
+            fail(f"--load-model: no checkpoint at {load_model}")
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
+        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
+        self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
+
+    def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
+        try:
+            checkpoint = torch.load(self.args.load_model, map_location=self.device, weights_only=True)
+            made_for = {key: checkpoint[key] for key in sizes}
+            for name, state in states.items() if made_for == sizes else ():
+                state.load_state_dict(checkpoint[name])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
+        if made_for != sizes:
+            describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
+            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                 f"{self.args.env_id} has {describe(sizes)}")
+        return checkpoint
+
+    def open(self):
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self.writer = SummaryWriter(self.dir)
+        except OSError as error:  # `runs` is a file, no permission, a read-only disk
+            fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
+        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(self.args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
+        if self.args.cudagraphs and not self.cudagraphs:
+            print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
+        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
+        self.bar = tqdm(total=self.args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
+        self.next_line = time.perf_counter()
+
+    def in_env(self, env_call, *args):
+        start = time.perf_counter()
+        result = env_call(*args)
+        self.env_seconds += time.perf_counter() - start
+        return result
+
+    def mark_steady(self, step):
+        if self.steady_time is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
+
+    def episode(self, step, episode_return, length=None):
+        self.recent_returns.append(float(episode_return))
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        if length is not None:
+            self.writer.add_scalar("charts/episodic_length", length, step)
+
+    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
+        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
+        for name, value in values.items():
+            if not math.isfinite(value):
+                raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
+        for kind, scalars in (("losses", values), ("charts", charts)):
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.bar.update(step - self.bar.n)
+        if self.steady_time is not None and step > self.steady_step:
+            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
+            self.writer.add_scalar("charts/SPS", sps, step)
+            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
+            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
+            if self.bar.disable and time.perf_counter() >= self.next_line:
+                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
+                      flush=True)
+                self.next_line = time.perf_counter() + LINE_EVERY
+
+    @contextmanager
+    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
+        try:
+            yield
+        except Stopped as stop:
+            self.stopped = self.stopped or stop
+
+    def end(self, step, metrics):
+        self.final_metrics = {name: value.item() for name, value in metrics.items()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.mark_steady(step)  # a run that ends before its steady phase has none
+        self.steps_done, self.steady_steps = step, step - self.steady_step
+        self.steady_seconds = time.perf_counter() - self.steady_time
+        with self.stoppable():
+            self.log(step, metrics)  # the last values also go through the divergence check
+        self.bar.close()
+
+    def finish(self, evaluate, summary, checkpoint):
+        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
+        from `checkpoint` with --save-model (a diverged model is not kept), the last two lines, and the exit code."""
+        args, eval_returns = self.args, []
+        if args.eval_episodes > 0 and not self.stopped:
+            with self.stoppable():
+                eval_returns = evaluate()
+                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
+            signal.signal(signum, signal.SIG_IGN)
+        record = {
+            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
+                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
+            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
+            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "warmup_seconds": self.steady_time - self.start_time,
+            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None, **summary,
+        }
+        if self.device.type == "cuda":
+            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
+        self.writer.close()
+        write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
+        diverged = self.stopped is not None and self.stopped.exit_code == 1
+        if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+            torch.save({"env_id": args.env_id, "args": asdict(args), **checkpoint}, buffer)
+            write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
+        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
+        print("SPEED " + json.dumps(record))
+        if self.stopped:
+            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                  file=sys.stderr)
+            sys.exit(self.stopped.exit_code)
+# ---- end of the run bookkeeping ----
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    start_time = time.perf_counter()
-    if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
-        fail("--total-timesteps must be positive (0 only with --load-model, to evaluate a checkpoint)")
-    for name in ("num_envs", "batch_size", "buffer_size", "policy_frequency"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive")
-    if not 0 < args.learning_rate < math.inf:  # also refuses nan
-        fail("--learning-rate must be a positive number")
-    if not 0 <= args.gamma <= 1 or not 0 < args.tau <= 1 or args.eval_episodes < 0:
-        fail("--gamma must be in [0, 1], --tau in (0, 1], --eval-episodes at least 0")
+    run = Run(args, counts=("num_envs", "batch_size", "buffer_size", "policy_frequency"), rates=("learning_rate", "tau"),
+              fractions=("tau",))
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
-    if args.torch_threads < 0:
-        fail("--torch-threads must be 0 (one thread) or positive")
-    if args.load_model and not os.path.isfile(args.load_model):
-        fail(f"--load-model: no checkpoint at {args.load_model}")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = run.device
     # One CPU thread unless told otherwise: layers this small gain at most 1.5x from a second core on an idle
     # 2-core machine and lose 3-4x beside busy processes (a descheduled thread stalls the others at each barrier).
     torch.set_num_threads(args.torch_threads or (torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else 1))
-    cudagraphs_active = args.cudagraphs and device.type == "cuda"
-    if args.cudagraphs and not cudagraphs_active:
-        print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
-    mode = "+".join(name for name, on in (("compile", args.compile), ("cudagraphs", args.cudagraphs)) if on) or "eager"
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -354,73 +479,49 @@ if __name__ == "__main__":
     target_actor = Actor(obs_dim, envs.single_action_space).to(device).requires_grad_(False)
     qnet = QEnsemble(obs_dim, act_dim).to(device)
     target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
-    loaded = {}
-    if args.load_model:
-        try:
-            loaded = torch.load(args.load_model, map_location=device, weights_only=True)
-            if loaded["obs_dim"] != obs_dim or loaded["act_dim"] != act_dim:
-                fail(f"--load-model: {args.load_model} was trained on {loaded['env_id']}, whose spaces differ from {args.env_id}'s")
-            for module, name in ((actor, "actor"), (qnet, "qnet"), (target_actor, "target_actor"), (target_qnet, "target_qnet")):
-                module.load_state_dict(loaded[name])
-        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
-            fail(f"--load-model: {args.load_model} is not a checkpoint of this script ({type(error).__name__})")
-    else:
-        target_actor.load_state_dict(actor.state_dict())
-        target_qnet.load_state_dict(qnet.state_dict())
+    target_actor.load_state_dict(actor.state_dict())
+    target_qnet.load_state_dict(qnet.state_dict())
     target_params = TensorDict(actor=from_module(target_actor), qnet=from_module(target_qnet))
     online_params = TensorDict(actor=from_module(actor), qnet=from_module(qnet)).data
     actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
     qnet_view = detached_view(qnet, QEnsemble(obs_dim, act_dim).to("meta"))
     # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
-    adam = partial(torch.optim.Adam, fused=True, capturable=cudagraphs_active)
+    adam = partial(torch.optim.Adam, fused=True, capturable=run.cudagraphs)
     q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.learning_rate, device=device))
     actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.learning_rate, device=device))
-    if loaded:  # its keys were read above: a checkpoint of this script has them
-        q_optimizer.load_state_dict(loaded["q_optimizer"])
-        actor_optimizer.load_state_dict(loaded["actor_optimizer"])
+    states = dict(actor=actor, qnet=qnet, target_actor=target_actor, target_qnet=target_qnet, q_optimizer=q_optimizer,
+                  actor_optimizer=actor_optimizer)
+    loaded = args.load_model and run.load_checkpoint(states, obs_dim=obs_dim, act_dim=act_dim)
 
     policy_step = partial(policy, actor=actor_view, exploration_noise=args.exploration_noise)
     critic_step = partial(update_critic, target_actor=target_actor, qnet=qnet, target_qnet=target_qnet,
                           q_optimizer=q_optimizer, gamma=args.gamma, policy_noise=args.policy_noise,
                           noise_clip=args.noise_clip)
     actor_step = partial(update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
-    policy_step, critic_step, actor_step = (speed_up(f, args.compile, cudagraphs_active)
+    policy_step, critic_step, actor_step = (speed_up(f, args.compile, run.cudagraphs)
                                             for f in (policy_step, critic_step, actor_step))
 
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
-    episode_returns, recent_returns = np.zeros(args.num_envs), deque(maxlen=20)
-    num_updates, env_seconds, metrics, global_step, stopped = 0, 0.0, {}, 0, None
-    steady_start_time = steady_start_step = None
-    next_line_time = time.perf_counter()
-    obs, _ = envs.reset(seed=args.seed)
+    episode_returns, num_updates, metrics, global_step = np.zeros(args.num_envs), 0, {}, 0
     num_iterations = args.total_timesteps // args.num_envs
-    progress = tqdm(range(num_iterations), mininterval=2, disable=not sys.stderr.isatty())
-    for signum in (signal.SIGINT, signal.SIGTERM):  # a SIGINT ignored by the shell (a background job) stays so
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, note_signal)
-    try:
-        for iteration in progress:
+    obs, _ = envs.reset(seed=args.seed)
+    run.open()
+    with run.stoppable():
+        for iteration in range(num_iterations):
             check_signals()
             global_step = iteration * args.num_envs  # steps done
-            if steady_start_time is None and global_step >= args.learning_starts and num_updates >= args.measure_burnin:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                steady_start_time, steady_start_step, env_seconds = time.perf_counter(), global_step, 0.0
+            if global_step >= args.learning_starts and num_updates >= args.measure_burnin:
+                run.mark_steady(global_step)
             if global_step < args.learning_starts and not loaded:
                 actions = envs.action_space.sample()
             else:
                 actions = policy_step(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
-            env_start = time.perf_counter()
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            env_seconds += time.perf_counter() - env_start
+            next_obs, rewards, terminations, truncations, infos = run.in_env(envs.step, actions)
 
             done = terminations | truncations
             episode_returns += rewards
             for episode_return in episode_returns[done]:
-                recent_returns.append(episode_return)
-                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                run.episode(global_step, episode_return)
             episode_returns[done] = 0
             rb.add(obs, actions, rewards, true_next_obs(next_obs, infos), terminations)
             obs = next_obs
@@ -432,83 +533,12 @@ if __name__ == "__main__":
                 if num_updates % args.policy_frequency == 0:
                     metrics.update(actor_step(batch[0]))
                     target_params.lerp_(online_params, args.tau)
-
-            if iteration % LOG_EVERY == 0 and metrics:
-                logged = dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))  # one sync
-                check_finite(logged, global_step)
-                for name, value in logged.items():
-                    writer.add_scalar(f"losses/{name}", value, global_step)
-                if steady_start_time is not None and global_step > steady_start_step:
-                    sps = (global_step - steady_start_step) / (time.perf_counter() - steady_start_time)
-                    writer.add_scalar("charts/SPS", sps, global_step)
-                    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "none yet"
-                    progress.set_postfix(sps=f"{sps:.0f}", ret=recent)
-                    if progress.disable and time.perf_counter() >= next_line_time:
-                        print(f"step {global_step}/{args.total_timesteps}: {sps:.0f} SPS, return {recent}",
-                              file=sys.stderr, flush=True)
-                        next_line_time = time.perf_counter() + LINE_EVERY
+            if iteration % LOG_EVERY == 0:
+                run.log(global_step, metrics)
         global_step = num_iterations * args.num_envs
-        check_finite({name: value.item() for name, value in metrics.items()}, global_step)
-    except Stopped as stop:
-        stopped = stop
-    progress.close()
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    end_time, end_step = time.perf_counter(), global_step
+    run.end(global_step, metrics)
     envs.close()
-    if steady_start_time is None:  # the run ended before the steady phase began
-        steady_start_time, steady_start_step, env_seconds = end_time, end_step, 0.0
-    steady_steps, steady_seconds = end_step - steady_start_step, end_time - steady_start_time
 
-    eval_returns = []
-    if args.eval_episodes > 0 and not stopped:
-        video_folder = os.path.join(run_dir, "videos") if args.capture_video else None
-        eval_envs = make_envs(args.env_id, args.eval_episodes, video_folder)
-        try:
-            eval_returns = evaluate(actor_view, eval_envs, device, seed=args.seed + 10_000)
-            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), end_step)
-        except Stopped as stop:
-            stopped = stop
-        eval_envs.close()
-    # What remains writes two files in about a second: a signal now would leave them half done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-    summary = {
-        "script": os.path.basename(__file__), "env_id": args.env_id, "seed": args.seed, "num_envs": args.num_envs,
-        "total_timesteps": args.total_timesteps, "mode": mode, "compile": args.compile,
-        "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": cudagraphs_active, "device": str(device),
-        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "sps": steady_steps / steady_seconds if steady_steps > 0 else None,
-        "steady_steps": steady_steps, "steady_seconds": steady_seconds,
-        "warmup_seconds": steady_start_time - start_time, "total_seconds": time.perf_counter() - start_time,
-        "return_mean": float(np.mean(recent_returns)) if recent_returns else None,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
-        "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "env_seconds": env_seconds,
-        "num_updates": num_updates, "final_metrics": {k: v.item() for k, v in metrics.items()},
-        "steps_done": end_step, "stopped": str(stopped) if stopped else None,
-    }
-    if device.type == "cuda":
-        summary["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    summary = json.loads(json.dumps(summary), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
-    writer.close()
-    write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1).encode())
-    diverged = stopped is not None and stopped.exit_code == 1
-    if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
-        checkpoint = {
-            "env_id": args.env_id, "obs_dim": obs_dim, "act_dim": act_dim, "args": asdict(args),
-            "actor": actor.state_dict(), "qnet": qnet.state_dict(), "target_actor": target_actor.state_dict(),
-            "target_qnet": target_qnet.state_dict(), "q_optimizer": q_optimizer.state_dict(),
-            "actor_optimizer": actor_optimizer.state_dict(),
-        }
-        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-        torch.save(checkpoint, buffer)
-        write_atomic(os.path.join(run_dir, "model.pt"), buffer.getvalue())
-
-    evaluation = f"eval return {summary['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
-    print(f"{end_step} steps, {summary['sps'] or 0:.0f} SPS, {evaluation}; written to {run_dir}")
-    print("SPEED " + json.dumps(summary))
-    if stopped:
-        print(f"error: {stopped}" if diverged else f"{stopped}: the steps done are in {run_dir}", file=sys.stderr)
-        sys.exit(stopped.exit_code)
+    video_folder = os.path.join(run.dir, "videos") if args.capture_video else None
+    checkpoint = {"obs_dim": obs_dim, "act_dim": act_dim, **{name: state.state_dict() for name, state in states.items()}}
+    run.finish(partial(evaluate, actor_view, args, device, video_folder), {"num_updates": num_updates}, checkpoint)

@@ -147,4 +147,4 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
     assert all(torch.equal(first[weights][name], second[weights][name]) for name in first[weights])
     _, proc = run_script(script, ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
                          workdir, check=False, timeout=120)
-    assert proc.returncode == 2 and "Pong-v5 has 6" in proc.stderr
+    assert proc.returncode == 2 and "Pong-v5 has num_actions 6" in proc.stderr

@@ -10,16 +10,17 @@ import pytest
 import torch
 from conftest import SCRIPTS, load_script, run_script
 
-CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "impala_ray.py"]
+CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
 MLP_SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py", "ppo_continuous_action.py", "dqn.py"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
 
 
 def choose(module, script, requested, device, reserved=0):
+    """The learner's threads on Atari; `reserved` cores play beside it (IMPALA's local actors)."""
     if script == "impala_ray.py":
         return module.cpu_threads(requested, device, True, reserved)
-    if script == "dqn_atari.py":
-        return module.cpu_threads(requested, device, reserved)
+    if script == "dqn_atari_async.py":  # its actor process always takes one core
+        return module.cpu_threads(requested, device, True)
     return module.cpu_threads(requested, device)
 
 
@@ -29,19 +30,22 @@ def test_cnn_learners_take_the_usable_cores_on_cpu_and_one_thread_on_cuda(script
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(module, "usable_cores", lambda: 16)
     assert choose(module, script, 0, CUDA) == 1
-    assert choose(module, script, 0, CPU) == 16
-    if script in ("dqn_atari.py", "impala_ray.py"):  # the actors play on the same cores while the learner trains
+    assert choose(module, script, 0, CPU) == (15 if script == "dqn_atari_async.py" else 16)
+    if script == "impala_ray.py":  # the actors play on the same cores while the learner trains
         assert choose(module, script, 0, CPU, reserved=4) == 12 and choose(module, script, 0, CPU, reserved=20) == 1
     assert choose(module, script, 3, CUDA) == 3  # --torch-threads wins
     monkeypatch.setenv("OMP_NUM_THREADS", "5")  # torch read it at import; the script keeps what torch has
     assert choose(module, script, 0, CUDA) == torch.get_num_threads()
 
 
-def test_impala_learner_on_flat_observations_takes_one_thread(monkeypatch):
-    module = load_script("impala_ray.py")
+def test_learners_on_flat_observations_take_one_thread(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    module = load_script("impala_ray.py")
     monkeypatch.setattr(module, "usable_cores", lambda: 16)
     assert module.cpu_threads(0, CPU, False, 2) == 1 and module.cpu_threads(0, CPU, True, 2) == 14
+    module = load_script("dqn_atari_async.py")
+    monkeypatch.setattr(module, "usable_cores", lambda: 16)
+    assert module.cpu_threads(0, CPU, False) == 1 and module.cpu_threads(0, CPU, True) == 15
 
 
 @pytest.mark.parametrize("cpu_max, affinity, expected", [

@@ -1,6 +1,7 @@
-"""dqn_atari.py: each gymnasium wrapper against a hand-built expectation on a scripted fake emulator, the frame
-storage rebuilding exactly the stacks the envs returned (both back-ends, across episode starts and wrap-around),
-every mode, determinism, and learning measured against a random policy in the same test."""
+"""dqn_atari.py and dqn_atari_async.py on Atari: each gymnasium wrapper against a hand-built expectation on a scripted
+fake emulator, the frame storage rebuilding exactly the stacks the envs returned (both back-ends and classic control,
+across episode starts and wrap-around), every mode, determinism, and learning measured against a random policy in
+the same test."""
 
 import math
 import os
@@ -13,15 +14,15 @@ from conftest import SUMMARY_KEYS, assert_checkpoint_round_trip, assert_same_see
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
-SCRIPT = "dqn_atari.py"
+SCRIPT, ASYNC = "dqn_atari.py", "dqn_atari_async.py"
 # 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
 TINY = ["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
         "--measure-burnin", 5, "--eval-episodes", 1]
 # compile+cudagraphs runs in the run.sh smoke test (tests/test_benchmarks.py); without CUDA it is the compile path.
 # eager and cudagraphs run in test_same_seed_gives_identical_runs (CI time: each run costs 45 s).
-# async-actor+compile: the learner compiles while the actor plays eagerly; the start-up must neither hang nor stall
-MODES = {"compile": ["--compile"], "async-actor": ["--async-actor"], "async-actor+compile": ["--async-actor", "--compile"],
-         "gymnasium": ["--env-backend", "gymnasium"]}
+# async+compile: the learner compiles while the actor plays eagerly; the start-up must neither hang nor stall
+MODES = {"compile": (SCRIPT, ["--compile"]), "gymnasium": (SCRIPT, ["--env-backend", "gymnasium"]), "async": (ASYNC, []),
+         "async+compile": (ASYNC, ["--compile"])}
 
 
 class FakeAtari(gym.Env):
@@ -127,20 +128,37 @@ def test_frame_stack_repeats_the_first_frame_then_shifts():  # the script stacks
     assert [plane[0, 0, 0] for plane in obs] == [0, 0, 37, 74]
 
 
-@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
-def test_storage_rebuilds_the_stacks_the_env_returned(backend):
-    """Random play into a storage of 300 rows per env for 700 steps (a random Breakout game lasts about 200):
-    every valid row still stored must give back the observation before and after its step, including rows at
-    and after episode starts."""
-    module = load_script(SCRIPT)
-    args = module.Args(env_backend=backend, num_envs=2, total_timesteps=1400, buffer_size=600)
-    envs = module.make_envs(args.env_id, args.num_envs, 3, backend)
-    rb = module.FrameReplay(args.buffer_size, args.num_envs, torch.device("cpu"))
-    player = module.Player(args, envs, lambda obs: torch.randint(0, 4, (2,)), rb, torch.device("cpu"))
-    seen = [player.obs]
-    for _ in range(700):
-        player.step()
-        seen.append(player.obs)
+# script, env id, back-end, and the storage for 2 envs of 300 rows (the async one's with 10 extra rows)
+STORAGES = {
+    "envpool": (SCRIPT, "Breakout-v5", "envpool", lambda module: module.FrameReplay(600, 2, torch.device("cpu"))),
+    "gymnasium": (SCRIPT, "Breakout-v5", "gymnasium", lambda module: module.FrameReplay(600, 2, torch.device("cpu"))),
+    "async-envpool": (ASYNC, "Breakout-v5", "envpool",
+                      lambda module: module.FrameReplay(600, 2, (4, 84, 84), torch.uint8, 10)),
+    "async-cartpole": (ASYNC, "CartPole-v1", "envpool",  # flat observations: a stack of one
+                       lambda module: module.FrameReplay(600, 2, (1, 4), torch.float32, 10)),
+}
+
+
+@pytest.mark.parametrize("case", STORAGES)
+def test_storage_rebuilds_the_stacks_the_env_returned(case):
+    """Random play into a storage of 300 rows per env for 700 steps (a random Breakout game lasts about 200 steps, a
+    CartPole episode about 20): every valid row still stored must give back the observation before and after its
+    step, including rows at and after episode starts. The envs whose next step is a reset are those the scripts
+    name (see their make_envs): after a game's end with envpool, after any episode's end with gymnasium."""
+    script, env_id, backend, storage = STORAGES[case]
+    module = load_script(script)
+    envs = module.make_envs(env_id, 2, 3, backend)
+    rb, rng = storage(module), np.random.default_rng(3)
+    num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    obs, _ = envs.reset()
+    seen = [obs]
+    for step in range(700):
+        actions = rng.integers(0, num_actions, size=2, dtype=np.int32)
+        obs, rewards, terminations, truncations, infos = envs.step(actions)
+        game_over = np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
+        restart = game_over if backend == "envpool" else terminations | truncations
+        rb.add(step, seen[-1], actions, rewards, terminations, restart)
+        seen.append(obs)
     steps, rows = 700, len(rb.frames)
     assert rows < steps  # the storage wrapped around
     stored = torch.arange(steps - 1 - rb.buffer_rows, steps - 1)  # every row that has a next frame
@@ -154,34 +172,36 @@ def test_storage_rebuilds_the_stacks_the_env_returned(backend):
         checked += int(valid.sum())
         assert (~valid).sum() >= 1 and rb.first[stored % rows, lane].sum() >= 1  # reset steps, new stacks
     assert checked > 550
-    batch = rb.sample(steps, 64, torch.device("cpu"))
-    assert batch[0].shape == (64, 4, 84, 84) and batch[3].shape == (64, 4, 84, 84)
+    batch = rb.sample(steps, 64, torch.device("cpu")) if script == ASYNC else rb.sample(steps, 64)
+    assert batch[0].shape == (64, *seen[0].shape[1:]) and batch[3].shape == (64, *seen[0].shape[1:])
     envs.close()
 
 
 def check_summary(summary, proc, mode):
     assert SUMMARY_KEYS <= summary.keys()
-    assert summary["compile"] == ("compile" in mode) and summary["async_actor"] == mode.startswith("async-actor")
+    is_async = mode.startswith("async")
+    assert summary["compile"] == ("compile" in mode) and summary.get("async_actor", False) == is_async
     if "OMP_NUM_THREADS" not in os.environ:  # the learner's threads: every usable core, less the actor's
-        assert summary["torch_threads"] == max(1, load_script(SCRIPT).usable_cores() - summary["async_actor"])
+        assert summary["torch_threads"] == max(1, load_script(SCRIPT).usable_cores() - is_async)
     assert summary["env_backend"] == ("gymnasium" if mode == "gymnasium" else "envpool")
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
-    assert summary["num_updates"] == 50 and summary["inserted"] == 400
+    assert summary["num_updates"] == 50 and summary["steps_done"] == 400
     assert summary["replay_ratio_target"] == 8.0 and summary["replay_ratio_achieved"] == 8.0
     assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
     assert len(summary["eval_returns"]) == 1 and summary["eval_returns"][0] >= 0
-    assert math.isfinite(summary["final_td_loss"])
+    assert math.isfinite(summary["final_metrics"]["td_loss"])
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_writes_a_valid_summary(mode, workdir):
-    check_summary(*run_script(SCRIPT, TINY + MODES[mode], workdir, timeout=300), mode)
+    script, flags = MODES[mode]
+    check_summary(*run_script(script, TINY + flags, workdir, timeout=300), mode)
 
 
 def test_same_seed_gives_identical_runs(workdir):
     """Eager, then --cudagraphs, which without CUDA runs the same code eagerly: the same numbers."""
-    first, second = assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_td_loss"],
+    first, second = assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"],
                                                   second_flags=["--cudagraphs"])
     check_summary(*first, "eager")
     check_summary(*second, "cudagraphs")

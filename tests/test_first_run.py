@@ -14,6 +14,7 @@ NEEDS_EXTRA = {
     "ppo_atari_envpool.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "ppo_atari_lstm.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "dqn_atari.py": ([], ["envpool"], 'pip install ".[envpool]"'),
+    "dqn_atari_async.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "impala_ray.py": ([], ["ray"], 'pip install ".[ray]"'),
 }
 

@@ -1,5 +1,5 @@
-"""What a run does when things go wrong: divergence, Ctrl-C and SIGTERM, a full disk, bad checkpoints, values
-that make no sense; and the progress lines it prints when its output goes to a pipe."""
+"""What a run does when things go wrong: divergence, Ctrl-C and SIGTERM, a full disk, a run folder that cannot be
+made, bad checkpoints, values that make no sense; and the progress lines it prints when its output goes to a pipe."""
 
 import glob
 import json
@@ -35,6 +35,10 @@ CASES = {
                          tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400,
                                "--train-frequency", 1, "--batch-size", 32],
                          diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_envpool.py"),
+    # on CartPole: its actor process and rate limiter are what this script adds; a dqn.py model is another network
+    "dqn_atari_async.py": dict(base=["--env-id", "CartPole-v1"], tiny=["--total-timesteps", 2000, "--learning-starts", 500,
+                                                                       "--buffer-size", 2000],
+                               diverge=["--learning-rate", 1e30], lr="--learning-rate", other="dqn.py"),
     # no --load-model: the Ray actors would have to start from the checkpoint too (see the README)
     "impala_ray.py": dict(base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
                           tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
@@ -113,8 +117,9 @@ def limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
 
 
-# impala_ray.py writes the same way, but the limit would stop Ray's own log files first
-@pytest.mark.parametrize("script", [script for script in CASES if script != "impala_ray.py"])
+# impala_ray.py and dqn_atari_async.py write the same way, but the limit would stop Ray's own log files, or the
+# storage in shared memory (a file in /dev/shm), first
+@pytest.mark.parametrize("script", [script for script in CASES if script not in ("impala_ray.py", "dqn_atari_async.py")])
 def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, workdir):
     args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 0]
     proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=workdir,
@@ -146,7 +151,18 @@ def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert lines == [lines[0]] and lines[0].startswith(f"error: --load-model: {name} "), proc.stderr[-2000:]
         # refused as not this script's or, for another script's checkpoint of another env, as made for other spaces
-        assert "is not a checkpoint of this script" in lines[0] or "whose spaces differ" in lines[0], lines[0]
+        assert "is not a checkpoint of this script" in lines[0] or "was trained on" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("script", CASES)
+def test_a_run_folder_that_cannot_be_made_is_one_error_line_and_exit_code_2(script, workdir):
+    """`runs` is a file here; the same line comes for no permission or a read-only disk, before any training."""
+    with open(os.path.join(workdir, "runs"), "w") as f:
+        f.write("not a folder\n")
+    _, proc = run_script(script, [*CASES[script]["base"], *CASES[script]["tiny"]], workdir, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: cannot make the run folder runs/") and lines[0].endswith(": Not a directory")
 
 
 @pytest.mark.parametrize("script", CASES)

@@ -24,6 +24,9 @@ CASES = {
     "dqn.py": (["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000], {"policy", "update"}),
     "dqn_atari.py": (["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
                       "--start-e", 0.5], {"policy", "update"}),
+    # the learner compiles its update only: the actor process acts eagerly
+    "dqn_atari_async.py": (["--env-id", "CartPole-v1", "--total-timesteps", 700, "--learning-starts", 500,
+                            "--buffer-size", 1000, "--batch-size", 64], {"update"}),
     "impala_ray.py": (["--env-id", "CartPole-v1", "--total-timesteps", 640, "--num-actors", 1, "--envs-per-actor", 4,
                        "--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5], {"update"}),
 }

@@ -1,0 +1,887 @@
+"""Deep Q-Network (DQN, Mnih et al. 2015) with an actor process, on Atari (envpool or ALE) or classic control, one file.
+
+Speed: the actor plays in its own process (its own envs, a CPU copy of the Q-network) while the learner trains; a
+rate limiter in the style of Reverb's SampleToInsertRatio holds gradient samples per inserted transition at
+batch_size / train_frequency, the synchronous scripts' rate (dqn_atari.py, dqn.py). Cost: shared-memory storage with
+a band of extra rows; runs are not bit-reproducible. The learner's update takes torch.compile and CUDA graphs.
+    python leanrl_scripts/dqn_atari_async.py --env-id Breakout-v5 --compile
+"""
+
+import copy
+import ctypes
+import io
+import json
+import math
+import os
+import random
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from functools import partial
+from typing import Literal
+
+# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the envs, the actor (or
+# other programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+try:
+    import cv2
+except ModuleNotFoundError:  # only the gymnasium back-end needs it; --help works without it
+    cv2 = None
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    env_id: str = "Breakout-v5"
+    """an Atari game as envpool names it (Breakout-v5, for both back-ends), or a gymnasium id with flat observations
+    (CartPole-v1: an MLP; pass CleanRL's dqn.py settings, these defaults are its dqn_atari.py's)"""
+    env_backend: Literal["envpool", "gymnasium"] = "envpool"
+    """Atari: envpool (its own preprocessing) or gymnasium (ALE with this script's wrappers)"""
+    total_timesteps: int = 10_000_000
+    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    learning_rate: float = 1e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size (transitions)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate (1.0: a hard copy)"""
+    target_network_frequency: int = 1000
+    """environment steps between target network updates"""
+    batch_size: int = 32
+    """the batch size of samples from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total_timesteps` it takes from start_e to end_e"""
+    learning_starts: int = 80_000
+    """environment steps before learning starts"""
+    train_frequency: int = 4
+    """environment steps (all envs together) per update: batch_size / train_frequency samples per transition"""
+    actor_sync_every: int = 10
+    """updates between copies of the learner's weights to the actor"""
+    replay_tolerance: float = 0.1
+    """how far the replay ratio may drift, as a fraction of learning_starts x replay ratio samples"""
+    torch_threads: int = 0
+    """the learner's torch CPU threads (0: one on CUDA or for an MLP, else the usable cores less the actor's;
+    OMP_NUM_THREADS also sets it)"""
+    compile: bool = False
+    """wrap the learner's update in torch.compile (the actor acts eagerly)"""
+    cudagraphs: bool = False
+    """wrap the learner's update in CUDA graphs (tensordict's CudaGraphModule)"""
+    measure_burnin: int = 50
+    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    eval_episodes: int = 10
+    """evaluation games at the end of the run (whole games, true score; epsilon 0.05 on Atari, greedy otherwise)"""
+    save_model: bool = False
+    """save a checkpoint to runs/<run_name>/model.pt at the end"""
+    load_model: str = ""
+    """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
+
+
+LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+
+
+class NoopReset(gym.Wrapper):
+    """1 to `noop_max` no-op actions after each reset: varied starts on a deterministic emulator."""
+
+    def __init__(self, env, noop_max=30):
+        super().__init__(env)
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Each action repeated `skip` frames, rewards summed, the pixel-wise max of the last two frames returned
+    (Atari sprites flicker between frames). info gets the raw reward and the true end of the game, as envpool's."""
+
+    def __init__(self, env, skip=4):
+        super().__init__(env)
+        self.skip = skip
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs, {**info, "reward": 0.0, "terminated": False}
+
+    def step(self, action):
+        total_reward, last_frames = 0.0, deque(maxlen=2)
+        for _ in range(self.skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += reward
+            last_frames.append(obs)
+            if terminated or truncated:
+                break
+        obs = np.max(np.stack(last_frames), axis=0)
+        return obs, total_reward, terminated, truncated, {**info, "reward": total_reward, "terminated": terminated}
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode for the learner (no bootstrap past it) but not the game: reset() after a
+    lost life takes one no-op step instead of restarting."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        terminated = terminated or 0 < lives < self.lives
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, _, _, info = self.env.step(0)
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """For games that wait for FIRE: press it (then action 2) after each reset."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+class WarpFrame(gym.ObservationWrapper):
+    """RGB to 84x84 greyscale with OpenCV (area interpolation)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+
+    def observation(self, obs):
+        return cv2.resize(cv2.cvtColor(obs, cv2.COLOR_RGB2GRAY), (84, 84), interpolation=cv2.INTER_AREA)
+
+
+def usable_cores():
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return max(1, min(cores, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return cores
+
+
+def cpu_threads(requested, device, pixels):
+    """The learner's torch CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only
+    gathers batches; idle pool threads would compete with the actor) or for an MLP (waking threads costs it more
+    than the math), else the usable cores less the one the actor process plays on."""
+    if requested:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    return 1 if device.type == "cuda" or not pixels else max(1, usable_cores() - 1)
+
+
+def make_gym_env(env_id):
+    """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, 108k-frame time limit."""
+    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000)
+    env = EpisodicLife(MaxAndSkip(NoopReset(env)))
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireReset(env)
+    env = gym.wrappers.TransformReward(env, np.sign)  # one learning rate fits every game's score scale
+    return gym.wrappers.FrameStackObservation(WarpFrame(env), 4, padding_type="reset")  # a reset fills all 4
+
+
+def make_classic_env(env_id):
+    """A gymnasium env with flat observations, given a stack dimension of one: the frame storage serves it as is."""
+    env = gym.make(env_id)
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        fail(f"{env_id} has {env.action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
+    if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
+        fail(f"{env_id} has observations {env.observation_space}: give Atari games by their envpool id (Breakout-v5)")
+    return gym.wrappers.ReshapeObservation(env, (1, *env.observation_space.shape))
+
+
+def make_envs(env_id, num_envs, seed=0, backend="envpool"):
+    """Atari, either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode; info["reward"]
+    is the unclipped reward and info["terminated"] the end of the game. A gymnasium id: classic control, one frame.
+    After the step that ends a game (envpool) or an episode (gymnasium), the next step resets that env and is not a
+    transition."""
+    classic = env_id in gym.registry
+    if not classic and backend == "envpool":
+        try:
+            import envpool  # imported here: the other envs run without it
+        except ModuleNotFoundError:
+            fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
+        if env_id not in envpool.list_all_envs():
+            fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1)")
+        if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+            fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py)")
+        # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
+                            episodic_life=True, reward_clip=True, seed=seed)
+    if not classic:
+        try:
+            import ale_py  # registers the ALE/ ids
+        except ModuleNotFoundError:
+            ale_py = None
+        if ale_py is None or cv2 is None:
+            fail('the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"')
+        gym.register_envs(ale_py)
+    try:
+        envs = gym.vector.SyncVectorEnv([partial(make_classic_env if classic else make_gym_env, env_id)] * num_envs,
+                                        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    except gym.error.Error as error:  # an unknown ALE game, a missing package, a deprecated version
+        fail(f"unknown env id '{env_id}', or it cannot be made: {error}")
+    envs.reset(seed=seed)
+    return envs
+
+
+def game_over(infos, terminations, truncations):
+    """The end of a whole game: on Atari info["terminated"] (an episode ends at each lost life), else the episode's."""
+    return np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
+
+
+class QNetwork(nn.Module):
+    """The Nature DQN network on Atari frames (channels-last: mkldnn's NHWC kernels are the fast ones on CPU), or
+    CleanRL's MLP 120-84 on a stack of one flat observation."""
+
+    def __init__(self, obs_shape, num_actions):
+        super().__init__()
+        self.pixels = len(obs_shape) == 3
+        if self.pixels:
+            self.network = nn.Sequential(
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
+                nn.Linear(512, num_actions),
+            ).to(memory_format=torch.channels_last)
+        else:
+            self.network = nn.Sequential(nn.Flatten(), nn.Linear(obs_shape[-1], 120), nn.ReLU(), nn.Linear(120, 84),
+                                         nn.ReLU(), nn.Linear(84, num_actions))
+
+    def forward(self, obs):
+        if self.pixels:
+            obs = obs.contiguous(memory_format=torch.channels_last) / 255.0
+        return self.network(obs)
+
+
+class FrameReplay:
+    """Replay storage with each frame once, in shared memory. Row t of env lane e holds the newest frame of that env's
+    t-th observation, the action, clipped reward and termination of its step, and two flags: `valid` (the step is a
+    transition, not the reset step after an episode's end) and `first` (the frame stack restarts here). The stacks of
+    obs t and obs t+1 are the frames of rows t+1, t, t-1, ... walked back and held at the first row: exactly what the
+    env returned, for 1/4 of the memory on Atari. Rows are used round-robin, with `extra_rows` beyond buffer_size that
+    the actor may write while the learner gathers a batch, so that none is read half-written."""
+
+    def __init__(self, buffer_size, num_envs, obs_shape, frame_dtype, extra_rows):
+        self.buffer_rows, self.stack = math.ceil(buffer_size / num_envs), obs_shape[0]
+        rows = self.buffer_rows + extra_rows + self.stack  # + stack: the oldest sampled row still has its frames
+        # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
+        self.frames = torch.empty((rows, num_envs, *obs_shape[1:]), dtype=frame_dtype)
+        self.actions = torch.zeros((rows, num_envs), dtype=torch.long)
+        self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
+        self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
+        self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
+        for tensor in (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first):
+            tensor.share_memory_()
+
+    def add(self, step, obs, actions, rewards, terminations, restart):
+        """Vector step `step`; `restart`: the envs whose next step is a reset, not a transition (a new stack then)."""
+        row, flags = step % len(self.frames), (self.next_valid, self.next_first)
+        self.next_valid, self.next_first = ~restart, ~self.next_valid
+        columns = (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first)
+        for column, value in zip(columns, (obs[:, -1], actions, rewards, terminations, *flags)):
+            column.numpy()[row] = value  # numpy's assignment: a third of torch's per-call cost, paid every step
+
+    def sample(self, steps, batch_size, device):
+        """A uniform batch of the valid transitions among the newest min(steps - 1, buffer_rows) rows of every
+        lane (`steps` rows written; the newest has no next frame yet): obs, actions, rewards, next_obs,
+        terminations. Twice the batch is drawn and the first valid ones kept: rejection sampling, exact unless
+        more than half the draws hit reset steps (about one row per episode)."""
+        rows, lanes = len(self.frames), self.frames.shape[1]
+        age = torch.randint(0, min(steps - 1, self.buffer_rows), (2 * batch_size,))
+        row, lane = (steps - 2 - age) % rows, torch.randint_like(age, lanes)
+        keep = torch.argsort((~self.valid[row, lane]).byte(), stable=True)[:batch_size]
+        row, lane = row[keep], lane[keep]
+        obs, next_obs = self.stacks(row, lane)
+        batch = [obs, self.actions[row, lane], self.rewards[row, lane], next_obs, self.terminations[row, lane]]
+        if device.type == "cuda":  # pinned: the copies do not block
+            batch = [tensor.pin_memory() for tensor in batch]
+        return [tensor.to(device, non_blocking=True) for tensor in batch]
+
+    def stacks(self, row, lane):
+        """The observation stacks of rows `row` and `row + 1` in lanes `lane`: (batch, stack, *frame) each."""
+        rows = len(self.frames)
+        chain = [(row + 1) % rows]
+        for _ in range(self.stack):
+            chain.append(torch.where(self.first[chain[-1], lane], chain[-1], (chain[-1] - 1) % rows))
+        frames = self.frames[torch.stack(chain[::-1], 1), lane[:, None]]  # (batch, stack + 1, *frame)
+        return frames[:, :-1], frames[:, 1:]
+
+
+@contextmanager
+def hold_lock(lock, other_alive):
+    """`lock` (the actor's weights), checking every second while waiting for it that the other process lives:
+    a process killed while holding a lock never releases it."""
+    while not lock.acquire(timeout=1.0):
+        if not other_alive():
+            raise ChildProcessError("the other side of the replay storage stopped")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+class Counts(ctypes.Structure):
+    """The limiter's state; in shared memory between the learner and the actor process."""
+    _fields_ = [("inserts", ctypes.c_int64), ("samples", ctypes.c_int64), ("closed", ctypes.c_bool)]
+
+
+class RateLimiter:
+    """Reverb's SampleToInsertRatio. With diff = inserts x samples_per_insert - samples, an insert waits while it
+    would push diff above min_size x samples_per_insert + error_buffer; a sample waits until min_size transitions
+    are in and while it would pull diff below min_size x samples_per_insert - error_buffer. The ratio is kept as a
+    fraction p / q and diff scaled by q, so the arithmetic is exact integers. Each counter has one writer (inserts:
+    the actor, samples: the learner), so no mutex guards them: a waiting side sleeps on a semaphore that the other
+    side posts after each step and re-checks its condition (a condition variable without the mutex: a process killed
+    mid-step leaves no lock held); the one-second timeout checks that the other side lives, and for a signal."""
+
+    def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
+        ratio = Fraction(samples_per_insert)
+        self.p, self.q, self.min_size = ratio.numerator, ratio.denominator, min_size
+        self.min_scaled = min_size * self.p - error_buffer * self.q  # (min_size x spi - error_buffer) x q
+        self.max_scaled = min_size * self.p + error_buffer * self.q
+        self.counts, self.insert_posted, self.sample_posted = ctx.RawValue(Counts), ctx.Semaphore(0), ctx.Semaphore(0)
+
+    inserts = property(lambda self: self.counts.inserts)
+    samples = property(lambda self: self.counts.samples)
+    min_diff = property(lambda self: self.min_scaled / self.q)
+    max_diff = property(lambda self: self.max_scaled / self.q)
+
+    def await_insert(self, n, other_alive=lambda: True):
+        return self._wait(lambda: not self.counts.closed
+                          and (self.inserts + n) * self.p - self.samples * self.q <= self.max_scaled,
+                          self.sample_posted, other_alive)
+
+    def await_sample(self, n, other_alive=lambda: True):
+        return self._wait(lambda: self.inserts >= self.min_size
+                          and self.inserts * self.p - (self.samples + n) * self.q >= self.min_scaled,
+                          self.insert_posted, other_alive)
+
+    def _wait(self, ready, posted, other_alive):
+        """True once `ready()`; False if the limiter is closed first (the run ends, or the other side failed)."""
+        while not ready():
+            if self.counts.closed:
+                return False
+            if not posted.acquire(timeout=1.0) and not other_alive():
+                raise ChildProcessError("the other side of the replay storage stopped")
+            check_signals()  # Ctrl-C in the learner while it waits (the actor process ignores it)
+        return True
+
+    def add_inserts(self, n):
+        self.counts.inserts += n
+        self.insert_posted.release()
+
+    def add_samples(self, n):
+        self.counts.samples += n
+        self.sample_posted.release()
+
+    def close(self):
+        self.counts.closed = True
+        self.insert_posted.release()
+        self.sample_posted.release()
+
+
+def policy(obs, *, q_network):
+    """Greedy actions; `q_network` is the actor's copy, or the learner's network at evaluation."""
+    return q_network(obs).argmax(-1)
+
+
+def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, optimizer, gamma):
+    """One TD step; the loss and the mean Q of the taken actions stay on the device."""
+    with torch.no_grad():
+        target_max = target_network(next_obs).max(-1).values
+        td_target = rewards + gamma * target_max * (1 - terminations)
+    old_val = q_network(obs).gather(1, actions[:, None]).squeeze(1)
+    loss = F.mse_loss(td_target, old_val)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
+
+
+def epsilon_at(step, args):
+    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
+    return max(slope * step + args.start_e, args.end_e)
+
+
+def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
+    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
+    exploits (early in training most steps skip it), random actions are drawn only when some env explores."""
+    exploit = rng.random(len(obs)) >= epsilon
+    if not exploit.any():
+        return rng.integers(num_actions, size=len(obs))
+    greedy = policy_step(torch.from_numpy(obs).to(device, non_blocking=True)).cpu().numpy()
+    return greedy if exploit.all() else np.where(exploit, greedy, rng.integers(num_actions, size=len(obs)))
+
+
+def run_actor(args, rb, limiter, q_network, weights_lock, reports):
+    """The actor process: epsilon-greedy vector steps into the storage, each when the limiter lets it, acting with
+    `q_network` (a CPU copy in shared memory the learner refreshes under `weights_lock`); finished games' true scores,
+    its env time so far and any error go to `reports`. It starts with Ctrl-C ignored (see ActorProcess)."""
+    try:
+        torch.set_num_threads(1)  # one core plays, the others train
+        envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
+        # Eager even with --compile: on one CPU thread the compiled forward measured no faster (1.3 ms per Atari
+        # observation either way), and compiling here would hold the learner at learning_starts for a cold compile.
+        policy_step, rng = partial(policy, q_network=q_network), np.random.default_rng(args.seed)
+        parent = os.getppid()
+        parent_alive = lambda: os.getppid() == parent  # noqa: E731
+        num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+        obs, _ = envs.reset()
+        scores, env_seconds = np.zeros(args.num_envs), 0.0
+        for step in range(args.total_timesteps // args.num_envs):
+            if not limiter.await_insert(args.num_envs, parent_alive):  # closed: the learner is done
+                break
+            with hold_lock(weights_lock, parent_alive):  # the learner writes new weights under it
+                epsilon = epsilon_at(step * args.num_envs, args)
+                actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, torch.device("cpu"))
+            env_start = time.perf_counter()
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
+            env_seconds += time.perf_counter() - env_start
+            ended = game_over(infos, terminations, truncations)
+            restart = ended if args.env_backend == "envpool" else terminations | truncations  # see make_envs
+            rb.add(step, obs, actions, rewards, terminations, restart)
+            limiter.add_inserts(args.num_envs)  # after the row is written: the learner may sample it now
+            scores += infos.get("reward", rewards)  # the true score: info["reward"] is unclipped
+            if ended.any():
+                reports.put(("games", [((step + 1) * args.num_envs, score) for score in scores[ended]], env_seconds))
+                scores[ended] = 0
+            obs = next_obs
+        reports.put(("games", [], env_seconds))
+    except BaseException:
+        reports.put(("error", traceback.format_exc()))
+        sys.exit(1)
+    finally:
+        limiter.close()  # wakes a learner waiting for transitions that will not come
+
+
+class ActorProcess:
+    """The actor in its own process (spawned: fork would copy the learner's threads and locks mid-flight).
+    load_weights() copies the learner's weights to its shared CPU copy; drain() passes its reports to the run;
+    stop() waits for it to exit, draining meanwhile (a process with unread queue data cannot exit), then ends it if
+    it has not: no process outlives the run."""
+
+    def __init__(self, ctx, args, rb, limiter, q_network):
+        self.limiter, self.reports, self.env_seconds, self.error = limiter, ctx.Queue(), 0.0, None
+        self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
+        self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
+        self.process = ctx.Process(target=run_actor, daemon=True,
+                                   args=(args, rb, limiter, self.q_network, self.weights_lock, self.reports))
+        # Ctrl-C reaches the whole process group; the actor ignores it (from its start: an interrupt while it
+        # still imports would print the import's traceback) and the learner stops it.
+        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.process.start()
+        signal.signal(signal.SIGINT, sigint)
+
+    def alive(self):
+        return self.process.exitcode in (None, 0)  # 0: it has played all its steps, the updates it is owed remain
+
+    def load_weights(self, params):
+        if not self.alive():
+            raise ChildProcessError("the actor stopped")
+        with hold_lock(self.weights_lock, self.alive):
+            self.params.update_(params)
+
+    def drain(self, run):
+        """Finished games to the run, and the actor's env time since the last drain to the run's env time."""
+        while not self.reports.empty():
+            kind, *content = self.reports.get()
+            if kind == "error":
+                self.error = content[0]
+                continue
+            games, env_seconds = content
+            for step, score in games:
+                run.episode(step, score)
+            run.env_seconds, self.env_seconds = run.env_seconds + env_seconds - self.env_seconds, env_seconds
+
+    def stop(self, run, timeout=5):
+        deadline = time.monotonic() + timeout
+        while self.process.is_alive() and time.monotonic() < deadline:
+            self.drain(run)
+            self.process.join(timeout=0.1)
+        self.limiter.close()
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.drain(run)
+
+    def failure(self):
+        """Why the actor stopped: the last line of its error, else its exit code or signal."""
+        code = self.process.exitcode
+        if self.error:
+            return self.error.strip().splitlines()[-1]
+        return f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+
+
+@torch.no_grad()
+def evaluate(q_network, args, device):
+    """Score of the first whole game in each of --eval-episodes envs: greedy on classic control; on Atari the true
+    score at epsilon 0.05, the DQN paper's protocol (a greedy agent can stall, in Breakout by never firing a new
+    ball, until the time limit)."""
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend)
+    obs, _ = envs.reset()
+    rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
+    policy_step, epsilon = partial(policy, q_network=q_network), 0.05 if q_network.pixels else 0.0
+    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():
+        check_signals()
+        actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device)
+        obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
+        returns += infos.get("reward", rewards) * ~finished
+        finished |= game_over(infos, terminations, truncations)
+    envs.close()
+    return returns.tolist()
+
+
+# ---- run bookkeeping: the same text in every script (tests/test_run_block.py); skip it to read the algorithm ----
+# Bad input: one line and exit code 2 before any work. Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A
+# non-finite value: exit code 1, no model. A stopped run still writes summary.json; every file is written atomically.
+LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
+SIGNALS_RECEIVED = []
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not hours later as its pages fill
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+class Stopped(Exception):
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_signals():  # called by the loop at safe points; the handler only notes the signal (Run.open says why)
+    if SIGNALS_RECEIVED:
+        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+
+
+def write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+
+
+class Run:
+    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1].
+    open() starts the run; inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed
+    measure on its first call, episode() and log() record; end() stops the clock; finish() writes the files, exits."""
+
+    def __init__(self, args, counts=(), rates=(), fractions=()):
+        self.args, self.start_time = args, time.perf_counter()
+        load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
+        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
+            fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
+        rules = [(counts, lambda value: value > 0, "must be positive"),
+                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        for names, valid, rule in rules:
+            for name in filter(lambda name: not valid(getattr(args, name)), names):
+                fail(f"--{name.replace('_', '-')} {rule}")
+        if load_model and not os.path.isfile(load_model):
+            fail(f"--load-model: no checkpoint at {load_model}")
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
+        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
+        self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
+
+    def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
+        try:
+            checkpoint = torch.load(self.args.load_model, map_location=self.device, weights_only=True)
+            made_for = {key: checkpoint[key] for key in sizes}
+            for name, state in states.items() if made_for == sizes else ():
+                state.load_state_dict(checkpoint[name])
+        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
+            fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
+        if made_for != sizes:
+            describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
+            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                 f"{self.args.env_id} has {describe(sizes)}")
+        return checkpoint
+
+    def open(self):
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self.writer = SummaryWriter(self.dir)
+        except OSError as error:  # `runs` is a file, no permission, a read-only disk
+            fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
+        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(self.args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
+        if self.args.cudagraphs and not self.cudagraphs:
+            print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
+        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
+        self.bar = tqdm(total=self.args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
+        self.next_line = time.perf_counter()
+
+    def in_env(self, env_call, *args):
+        start = time.perf_counter()
+        result = env_call(*args)
+        self.env_seconds += time.perf_counter() - start
+        return result
+
+    def mark_steady(self, step):
+        if self.steady_time is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
+
+    def episode(self, step, episode_return, length=None):
+        self.recent_returns.append(float(episode_return))
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        if length is not None:
+            self.writer.add_scalar("charts/episodic_length", length, step)
+
+    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
+        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
+        for name, value in values.items():
+            if not math.isfinite(value):
+                raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
+        for kind, scalars in (("losses", values), ("charts", charts)):
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.bar.update(step - self.bar.n)
+        if self.steady_time is not None and step > self.steady_step:
+            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
+            self.writer.add_scalar("charts/SPS", sps, step)
+            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
+            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
+            if self.bar.disable and time.perf_counter() >= self.next_line:
+                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
+                      flush=True)
+                self.next_line = time.perf_counter() + LINE_EVERY
+
+    @contextmanager
+    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
+        try:
+            yield
+        except Stopped as stop:
+            self.stopped = self.stopped or stop
+
+    def end(self, step, metrics):
+        self.final_metrics = {name: value.item() for name, value in metrics.items()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.mark_steady(step)  # a run that ends before its steady phase has none
+        self.steps_done, self.steady_steps = step, step - self.steady_step
+        self.steady_seconds = time.perf_counter() - self.steady_time
+        with self.stoppable():
+            self.log(step, metrics)  # the last values also go through the divergence check
+        self.bar.close()
+
+    def finish(self, evaluate, summary, checkpoint):
+        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
+        from `checkpoint` with --save-model (a diverged model is not kept), the last two lines, and the exit code."""
+        args, eval_returns = self.args, []
+        if args.eval_episodes > 0 and not self.stopped:
+            with self.stoppable():
+                eval_returns = evaluate()
+                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
+            signal.signal(signum, signal.SIG_IGN)
+        record = {
+            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
+                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
+            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
+            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "warmup_seconds": self.steady_time - self.start_time,
+            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None, **summary,
+        }
+        if self.device.type == "cuda":
+            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
+        self.writer.close()
+        write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
+        diverged = self.stopped is not None and self.stopped.exit_code == 1
+        if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
+            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+            torch.save({"env_id": args.env_id, "args": asdict(args), **checkpoint}, buffer)
+            write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
+        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
+        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
+        print("SPEED " + json.dumps(record))
+        if self.stopped:
+            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                  file=sys.stderr)
+            sys.exit(self.stopped.exit_code)
+# ---- end of the run bookkeeping ----
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    run = Run(args, counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency",
+                            "actor_sync_every"),
+              rates=("learning_rate", "tau", "exploration_fraction", "replay_tolerance"),
+              fractions=("tau", "exploration_fraction"))
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
+    if args.learning_starts < args.batch_size:
+        fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
+    device = run.device
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    envs = make_envs(args.env_id, 1, args.seed, args.env_backend)  # its spaces; the actor makes its own envs
+    obs_space = getattr(envs, "single_observation_space", envs.observation_space)
+    num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    envs.close()
+    q_network = QNetwork(obs_space.shape, num_actions).to(device)
+    torch.set_num_threads(cpu_threads(args.torch_threads, device, q_network.pixels))
+    frame_dtype = torch.uint8 if q_network.pixels else torch.float32
+    # a transition is a stored frame, its action, reward, termination and two flags; the storage is in host memory
+    frame_bytes = math.prod(obs_space.shape[1:]) * frame_dtype.itemsize
+    check_fits(args.buffer_size * (frame_bytes + 18), torch.device("cpu"), "--buffer-size")
+    target_network = QNetwork(obs_space.shape, num_actions).to(device).requires_grad_(False)
+    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),
+                                 fused=True, capturable=run.cudagraphs)
+    if args.load_model:
+        run.load_checkpoint({"q_network": q_network, "optimizer": optimizer}, obs_shape=[*obs_space.shape],
+                            num_actions=num_actions)
+    target_network.load_state_dict(q_network.state_dict())
+    target_params, online_params = from_module(target_network), from_module(q_network).data
+
+    update_step = partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
+                          gamma=args.gamma)
+    if args.compile:
+        update_step = torch.compile(update_step)
+    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graph is captured
+        update_step = CudaGraphModule(update_step, warmup=5)
+
+    ctx = mp.get_context("spawn")
+    # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts; the
+    # band must fit one actor step and one batch, or each side could wait on the other forever.
+    replay_ratio = Fraction(args.batch_size, args.train_frequency)
+    error_buffer = float(max(args.replay_tolerance * args.learning_starts * replay_ratio,
+                             args.num_envs * replay_ratio + args.batch_size))
+    limiter = RateLimiter(replay_ratio, args.learning_starts, error_buffer, ctx)
+    # While the learner gathers a batch the actor can insert at most this many transitions (then the band stops
+    # it): rows beyond buffer_size keep them from overwriting anything the batch may read.
+    extra_rows = math.ceil(2 * error_buffer / replay_ratio / args.num_envs) + 1
+    rb = FrameReplay(args.buffer_size, args.num_envs, obs_space.shape, frame_dtype, extra_rows)
+    played = args.total_timesteps // args.num_envs * args.num_envs  # whole vector steps
+    total_updates = max(0, played - args.learning_starts) // args.train_frequency
+    target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
+    num_updates, metrics, wait_seconds = 0, {}, 0.0
+    run.open()
+    actor = ActorProcess(ctx, args, rb, limiter, q_network)
+    try:
+        with run.stoppable():
+            while num_updates < total_updates:  # the updates owed end the run; the actor may play a few steps after
+                check_signals()
+                wait_start = time.perf_counter()
+                if not limiter.await_sample(args.batch_size, actor.alive):  # closed, and updates are still owed
+                    raise ChildProcessError("the actor stopped")
+                wait_seconds += time.perf_counter() - wait_start
+                if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
+                    actor.drain(run)
+                    run.mark_steady(limiter.inserts)
+                    wait_seconds = 0.0
+                batch = rb.sample(limiter.inserts // args.num_envs, args.batch_size, device)
+                limiter.add_samples(args.batch_size)
+                metrics = update_step(*batch)
+                num_updates += 1
+                if num_updates % target_every == 0:
+                    target_params.lerp_(online_params, args.tau)
+                if num_updates % args.actor_sync_every == 0:
+                    actor.load_weights(online_params)
+                if num_updates % LOG_EVERY == 0:
+                    actor.drain(run)
+                    step = limiter.inserts
+                    replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
+                    run.log(step, metrics, epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now)
+            actor.stop(run, timeout=60)  # every update is done: the actor plays its last steps (the band lets it)
+    except ChildProcessError:
+        actor.stop(run)
+        print(f"error: the actor process died ({actor.failure()}); the learner stops", file=sys.stderr)
+        sys.exit(1)
+    actor.stop(run)  # after a stop: the closed limiter ends the actor at its next step
+    run.end(limiter.inserts, metrics)
+
+    summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates,
+               "learner_wait_seconds": wait_seconds, "replay_ratio_target": float(replay_ratio),
+               "replay_ratio_achieved": num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)}
+    checkpoint = {"obs_shape": [*obs_space.shape], "num_actions": num_actions, "q_network": q_network.state_dict(),
+                  "optimizer": optimizer.state_dict()}
+    run.finish(partial(evaluate, q_network, args, device), summary, checkpoint)
