@@ -17,8 +17,8 @@ START, END = "# ---- run bookkeeping", "# ---- end of the run bookkeeping ----"
 # Lines outside the block: what a reader of the algorithm reads (CleanRL's scripts are 248-375 lines, LeanRL's
 # compiled ones 271-436). dqn_atari_async.py carries three env kinds (envpool, ALE through gymnasium with the
 # classic wrappers, classic control): the ALE wrappers alone are about 110 of its lines.
-# The block itself: 198 lines with every behaviour it holds (the issue aimed at about 130; docs/speed.md's neighbour,
-# benchmarks/results/cpu-2core/run_block.md, lists what each part costs). The cap keeps it from growing back.
+# The block itself: 198 lines with every behaviour it holds (the issue aimed at about 130;
+# benchmarks/results/cpu-2core/run_block.md lists what each part costs). The cap keeps it from growing back.
 MAX_BLOCK_LINES = 200
 MAX_LINES = {"sac_continuous_action.py": 380, "td3_continuous_action.py": 380, "ppo_continuous_action.py": 380,
              "ppo_atari_envpool.py": 400, "ppo_atari_lstm.py": 470, "dqn.py": 320, "dqn_atari.py": 450,
