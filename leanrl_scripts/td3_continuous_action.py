@@ -70,7 +70,7 @@ class Args:
     policy_frequency: int = 2
     """the actor and the targets are updated every `policy_frequency` critic updates (delayed)"""
     torch_threads: int = 0
-    """torch's CPU threads (0: one, see the comment where it is set; OMP_NUM_THREADS also sets it)"""
+    """torch's CPU threads (0: the cores idle at start on a CPU, one on CUDA; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
     """wrap the policy step and the updates in torch.compile"""
     cudagraphs: bool = False
@@ -219,6 +219,41 @@ def update_actor(obs, *, actor, qnet_view, actor_optimizer):
     actor_loss.backward()
     actor_optimizer.step()
     return {"actor_loss": actor_loss.detach()}
+
+
+def idle_cores(seconds=0.2):
+    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
+    summed, capped by a cgroup CPU quota (a container's limit). None where the system does not say (not Linux)."""
+    def idle_and_total_jiffies(cores):
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        return {row[0]: (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows if int(row[0][3:]) in cores}
+    try:
+        cores = os.sched_getaffinity(0)
+        before = idle_and_total_jiffies(cores)
+        time.sleep(seconds)
+        after = idle_and_total_jiffies(cores)
+    except (OSError, AttributeError, ValueError):
+        return None
+    idle = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in before.keys() & after)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return min(idle, int(quota) / int(period))
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return idle
+
+
+def cpu_threads(requested, device):
+    """torch's CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only feeds the GPU),
+    else the cores at least 75% idle at start: a second thread buys these layers 1.2-1.5x on an idle machine and
+    costs 3-4x beside busy processes (a descheduled thread stalls the others at every barrier)."""
+    if requested:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    idle = None if device.type == "cuda" else idle_cores()
+    return 1 if idle is None else max(1, int(idle + 0.25))
 
 
 def speed_up(fn, compile, cudagraphs):
@@ -460,9 +495,7 @@ if __name__ == "__main__":
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
-    # One CPU thread unless told otherwise: layers this small gain at most 1.5x from a second core on an idle
-    # 2-core machine and lose 3-4x beside busy processes (a descheduled thread stalls the others at each barrier).
-    torch.set_num_threads(args.torch_threads or (torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else 1))
+    torch.set_num_threads(cpu_threads(args.torch_threads, device))
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -498,8 +531,11 @@ if __name__ == "__main__":
                           q_optimizer=q_optimizer, gamma=args.gamma, policy_noise=args.policy_noise,
                           noise_clip=args.noise_clip)
     actor_step = partial(update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
-    policy_step, critic_step, actor_step = (speed_up(f, args.compile, run.cudagraphs)
-                                            for f in (policy_step, critic_step, actor_step))
+    # On a CPU --compile compiles the critic update alone: inductor ran it in 0.95-0.98x the eager time there, but
+    # the policy step and the actor update (through the critics' detached view) 1.1-1.65x slower (docs/speed.md).
+    pieces = {"policy": policy_step, "update_critic": critic_step, "update_actor": actor_step}
+    compiled = [name for name in pieces if args.compile and (device.type != "cpu" or name == "update_critic")]
+    policy_step, critic_step, actor_step = (speed_up(f, name in compiled, run.cudagraphs) for name, f in pieces.items())
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
     episode_returns, num_updates, metrics, global_step = np.zeros(args.num_envs), 0, {}, 0
@@ -541,4 +577,6 @@ if __name__ == "__main__":
 
     video_folder = os.path.join(run.dir, "videos") if args.capture_video else None
     checkpoint = {"obs_dim": obs_dim, "act_dim": act_dim, **{name: state.state_dict() for name, state in states.items()}}
-    run.finish(partial(evaluate, actor_view, args, device, video_folder), {"num_updates": num_updates}, checkpoint)
+    summary = {"num_updates": num_updates, "compiled_pieces": compiled,
+               "left_eager": sorted(pieces.keys() - compiled) if args.compile else []}
+    run.finish(partial(evaluate, actor_view, args, device, video_folder), summary, checkpoint)

@@ -1,9 +1,11 @@
-"""How many CPU threads each script gives torch: one on CUDA, one for the small MLPs, the usable cores (less the
-actors') for the convolutional learners; a user's --torch-threads or OMP_NUM_THREADS wins; the CNN scripts make
-idle OpenMP threads sleep before torch loads OpenMP."""
+"""How many CPU threads each script gives torch: one on CUDA; for SAC and TD3 the cores idle when the run starts,
+for the other small MLPs one; the usable cores (less the actors') for the convolutional learners; a user's
+--torch-threads or OMP_NUM_THREADS wins; the CNN scripts make idle OpenMP threads sleep before torch loads OpenMP."""
 
+import multiprocessing as mp
 import os
 import re
+import time
 from io import StringIO
 
 import pytest
@@ -12,6 +14,7 @@ from conftest import SCRIPTS, load_script, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
 MLP_SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py", "ppo_continuous_action.py", "dqn.py"]
+IDLE_CORE_SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]  # the ones a second core pays
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
 
 
@@ -91,9 +94,11 @@ TINY_RUNS = {
 @pytest.mark.parametrize("script", TINY_RUNS)
 def test_the_summary_reports_the_threads_and_the_user_choice_wins(script, workdir, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    chosen = 1 if script in MLP_SCRIPTS else load_script(script).usable_cores()
     summary, _ = run_script(script, TINY_RUNS[script], workdir)
-    assert summary["torch_threads"] == chosen
+    if script in IDLE_CORE_SCRIPTS:  # the cores idle at its start: this test's process waits meanwhile
+        assert 1 <= summary["torch_threads"] <= len(os.sched_getaffinity(0))
+    else:
+        assert summary["torch_threads"] == (1 if script in MLP_SCRIPTS else load_script(script).usable_cores())
     summary, _ = run_script(script, TINY_RUNS[script] + ["--torch-threads", 3], workdir)
     assert summary["torch_threads"] == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
@@ -101,3 +106,67 @@ def test_the_summary_reports_the_threads_and_the_user_choice_wins(script, workdi
     assert summary["torch_threads"] == 2
     _, proc = run_script(script, TINY_RUNS[script] + ["--torch-threads", -1], workdir, check=False, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --torch-threads")
+
+
+def fake_proc_stat(monkeypatch, module, samples, affinity, quota=None):
+    """/proc/stat as `samples` (one list of (idle, busy) jiffies per core for each read), cores `affinity`, and a
+    cgroup CPU quota of `quota` cores (None: no cgroup v2 file)."""
+    reads = iter(samples)
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/sys/fs/cgroup/cpu.max":
+            if quota is None:
+                raise FileNotFoundError(path)
+            return StringIO(f"{int(quota * 100000)} 100000\n")
+        assert path == "/proc/stat"
+        cores = next(reads)
+        total = [sum(values) for values in zip(*cores)]
+        lines = [f"cpu  {total[1]} 0 0 {total[0]} 0 0 0 0 0 0"]
+        lines += [f"cpu{i} {busy} 0 0 {idle} 0 0 0 0 0 0" for i, (idle, busy) in enumerate(cores)]
+        return StringIO("\n".join(lines + ["intr 1 2 3", "ctxt 5"]) + "\n")
+
+    monkeypatch.setattr(module, "open", fake_open, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity))
+    monkeypatch.setattr(module.time, "sleep", lambda seconds: None)
+
+
+@pytest.mark.parametrize("script", IDLE_CORE_SCRIPTS)
+def test_idle_core_count_reads_the_cores_this_process_may_use(script, monkeypatch):
+    module = load_script(script)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = [(100, 100), (100, 100), (100, 100), (100, 100)]
+    # cores 0 and 1 idle, core 2 at 80% idle, core 3 busy (outside the affinity in the second case)
+    after = [(200, 100), (200, 100), (180, 120), (100, 200)]
+    fake_proc_stat(monkeypatch, module, [before, after], affinity=range(4))
+    assert module.idle_cores() == pytest.approx(2.8)
+    fake_proc_stat(monkeypatch, module, [before, after, before, after], affinity=[1, 3])
+    assert module.idle_cores() == pytest.approx(1.0)
+    assert module.cpu_threads(0, CPU) == 1  # core 3 is busy: a second thread would stall at every barrier
+    fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1, 2])
+    assert module.cpu_threads(0, CPU) == 3  # 2.8 idle cores: 80% idle counts
+    fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1, 2], quota=1.5)
+    assert module.cpu_threads(0, CPU) == 1  # a container's 1.5 CPUs: a second thread is throttled half the time
+    assert module.cpu_threads(0, CUDA) == 1 and module.cpu_threads(4, CPU) == 4
+    monkeypatch.setattr(module, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])),
+                        raising=False)
+    assert module.idle_cores() is None and module.cpu_threads(0, CPU) == 1  # no /proc: one thread, the safe choice
+
+
+def spin():
+    while True:
+        pass
+
+
+@pytest.mark.parametrize("script", IDLE_CORE_SCRIPTS)
+def test_beside_busy_processes_the_run_takes_one_thread(script, monkeypatch):
+    module = load_script(script)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spinners = [mp.Process(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)))]
+    for process in spinners:
+        process.start()
+    try:
+        time.sleep(0.3)
+        assert module.idle_cores(0.5) < 0.75 and module.cpu_threads(0, CPU) == 1
+    finally:
+        for process in spinners:
+            process.kill()

@@ -20,8 +20,8 @@ START, END = "# ---- run bookkeeping", "# ---- end of the run bookkeeping ----"
 # The block itself: 198 lines with every behaviour it holds (the issue aimed at about 130;
 # benchmarks/results/cpu-2core/run_block.md lists what each part costs). The cap keeps it from growing back.
 MAX_BLOCK_LINES = 200
-MAX_LINES = {"sac_continuous_action.py": 380, "td3_continuous_action.py": 380, "ppo_continuous_action.py": 380,
-             "ppo_atari_envpool.py": 400, "ppo_atari_lstm.py": 470, "dqn.py": 320, "dqn_atari.py": 450,
+MAX_LINES = {"sac_continuous_action.py": 410, "td3_continuous_action.py": 390, "ppo_continuous_action.py": 380,
+             "ppo_atari_envpool.py": 400, "ppo_atari_lstm.py": 470, "dqn.py": 320, "dqn_atari.py": 460,
              "dqn_atari_async.py": 690, "impala_ray.py": 780}
 
 

@@ -1,0 +1,65 @@
+"""Which compiled pieces gain on this machine? Runs a script with --compile in this process, with torch.compile
+replaced by a wrapper that alternates each piece's calls between the compiled and the eager function (the
+same state, the same inputs, one call each in turn) and times them; prints each piece's median call time
+both ways. Pieces the script leaves eager on this device are not called through torch.compile, so they do
+not appear: add --compile-all to a script that has it to time those too.
+
+    python benchmarks/compile_pieces.py [--threads N] SCRIPT.py --compile [SCRIPT ARGS...]
+"""
+
+import argparse
+import os
+import runpy
+import statistics
+import sys
+import time
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the run (0: the script's choice)")
+parser.add_argument("--skip", type=int, default=20, help="calls of each piece left out (compilation, warm-up)")
+parser.add_argument("script")
+parser.add_argument("script_args", nargs=argparse.REMAINDER)
+args = parser.parse_args()
+if args.threads:
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS)
+
+real_compile = torch.compile
+pieces = []
+
+
+def alternating_compile(fn=None, **options):
+    if fn is None:  # used as @torch.compile(...)
+        return lambda f: alternating_compile(f, **options)
+    compiled = real_compile(fn, **options)
+    piece = {"name": getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__), "calls": 0, "eager": [],
+             "compiled": []}
+    pieces.append(piece)
+
+    def call(*call_args, **call_kwargs):
+        piece["calls"] += 1
+        use_compiled = piece["calls"] % 2 == 0
+        start = time.perf_counter()
+        out = (compiled if use_compiled else fn)(*call_args, **call_kwargs)
+        if piece["calls"] > args.skip:
+            piece["compiled" if use_compiled else "eager"].append(time.perf_counter() - start)
+        return out
+
+    return call
+
+
+torch.compile = alternating_compile
+sys.argv = [args.script, *args.script_args]
+try:
+    runpy.run_path(args.script, run_name="__main__")
+except SystemExit as stop:
+    if stop.code:
+        raise
+print(f"\n{os.path.basename(args.script)} {' '.join(args.script_args)}, {torch.get_num_threads()} thread(s)")
+print("| piece | calls timed | eager ms | compiled ms | compiled / eager |\n| --- | ---: | ---: | ---: | ---: |")
+for piece in pieces:
+    if piece["eager"] and piece["compiled"]:
+        eager, compiled = (statistics.median(piece[k]) * 1e3 for k in ("eager", "compiled"))
+        timed = len(piece["eager"]) + len(piece["compiled"])
+        print(f"| {piece['name']} | {timed} | {eager:.3f} | {compiled:.3f} | {compiled / eager:.2f} |")
