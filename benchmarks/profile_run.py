@@ -1,31 +1,36 @@
-"""Where does a run's time go? Runs a training script (ours or a reference copy) in this process under
-torch.profiler and prints its ops by self CPU time, with the FLOPs of its matmuls and convolutions against what
-this machine's cores do on a large matmul (the learner's physical floor).
+"""Where does a run's time go? Runs a training script (ours or a reference copy) in this process and prints the
+time per env step of its pieces, and the learner's physical floor: the FLOPs of its matmuls and convolutions
+at the rate this machine's cores reach on a large matmul.
 
-    python benchmarks/profile_run.py [--threads N] [--steps S] SCRIPT.py [SCRIPT ARGS...]
+    python benchmarks/profile_run.py [--threads N] [--steps S] [--flops] SCRIPT.py [SCRIPT ARGS...]
 
---steps: the env steps the run takes with its network in the loop (after learning starts), to print per-step
-times. The profiler adds a few microseconds to every op, so absolute times read high for small ops; compare two
-scripts' tables made the same way. OMP_NUM_THREADS is set to --threads before torch loads, for both sides.
+Times come from cProfile (cumulative time of the script's functions and of the env's and the optimizer's
+steps), which adds about a microsecond per Python call, not per tensor op. torch.profiler was tried first: on
+this CPU it put a ReLU that takes 13 us at 0.5 ms, and stretched a TD3 run 2.5x. --flops counts FLOPs instead
+(with torch.profiler, whose counts are exact where its times are not), in a separate run. --steps: the env
+steps taken with the network in the loop (after learning starts), for per-step figures. OMP_NUM_THREADS is set
+to --threads before torch loads, for either side.
 """
 
 import argparse
+import cProfile
 import os
+import pstats
 import runpy
 import sys
 import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=1)
-parser.add_argument("--steps", type=int, default=0, help="env steps with the network in the loop (per-step times)")
-parser.add_argument("--top", type=int, default=18)
+parser.add_argument("--steps", type=int, default=1, help="env steps with the network in the loop (per-step times)")
+parser.add_argument("--flops", action="store_true", help="count the FLOPs instead of timing")
+parser.add_argument("--top", type=int, default=25)
 parser.add_argument("script")
 parser.add_argument("script_args", nargs=argparse.REMAINDER)
 args = parser.parse_args()
 os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
 import torch  # noqa: E402  (after OMP_NUM_THREADS)
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 
 def matmul_peak(n=1024, reps=20):
@@ -39,31 +44,41 @@ def matmul_peak(n=1024, reps=20):
     return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
 
 
-torch.set_num_threads(args.threads)
-peak = matmul_peak()
-sys.argv = [args.script, *args.script_args]
-start = time.perf_counter()
-with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+def run_script():
+    sys.argv = [args.script, *args.script_args]
     try:
         runpy.run_path(args.script, run_name="__main__")
     except SystemExit as stop:
         if stop.code:
             raise
+
+
+torch.set_num_threads(args.threads)
+name = f"{os.path.basename(args.script)}, {args.threads} thread(s)"
+if args.flops:
+    from torch.profiler import ProfilerActivity, profile
+
+    peak = matmul_peak()
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        run_script()
+    flops = sum(event.flops for event in prof.key_averages()) / args.steps
+    print(f"\n{name}: {flops / 1e6:.0f} MFLOP per step in matmuls and convolutions; a large matmul runs at "
+          f"{peak:.0f} GFLOP/s here, so the floor is {flops / (peak * 1e9) * 1e3:.2f} ms per step")
+    sys.exit(0)
+
+profiler = cProfile.Profile()
+start = time.perf_counter()
+profiler.runcall(run_script)
 wall = time.perf_counter() - start
-events = prof.key_averages()
-flops = sum(event.flops for event in events)
-matmul_time = sum(event.self_cpu_time_total for event in events if event.flops) / 1e6
-total_self = sum(event.self_cpu_time_total for event in events) / 1e6
-per = args.steps or 1
-unit = "ms per step" if args.steps else "s in all"
-scale = 1e3 / per if args.steps else 1.0
-print(f"\n{os.path.basename(args.script)}, {args.threads} thread(s): wall {wall:.1f} s, torch ops {total_self:.1f} s "
-      f"(self CPU), matmul/conv FLOPs {flops / 1e9:.1f} G in {matmul_time:.2f} s: {flops / 1e9 / max(matmul_time, 1e-9):.0f}"
-      f" GFLOP/s against a large matmul's {peak:.0f}")
-if args.steps:
-    print(f"per step: wall {wall * 1e3 / per:.2f} ms, torch ops {total_self * 1e3 / per:.2f} ms, "
-          f"{flops / 1e6 / per:.0f} MFLOP, floor at the large-matmul rate {flops / per / (peak * 1e9) * 1e3:.2f} ms")
-print(f"| op | calls{' per step' if args.steps else ''} | self CPU {unit} | share |\n| --- | ---: | ---: | ---: |")
-for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.top]:
-    seconds = event.self_cpu_time_total / 1e6
-    print(f"| {event.key} | {event.count / per:.2f} | {seconds * scale:.3f} | {seconds / total_self:.0%} |")
+stats = pstats.Stats(profiler).stats
+# the script's own functions, and the env's and the optimizer's steps (what the loop calls into)
+script_path = os.path.abspath(args.script)
+rows = []
+for (path, line, function), (_, calls, _, cumulative, _) in stats.items():
+    mine = os.path.abspath(path) == script_path and function not in ("<module>",)
+    if mine or function in ("step", "run_backward", "_fused_adam", "lerp_"):
+        rows.append((cumulative, calls, f"{function} ({os.path.basename(path)}:{line})"))
+print(f"\n{name}: wall {wall:.1f} s under cProfile, {wall * 1e3 / args.steps:.2f} ms per step")
+print("| function | calls per step | cumulative ms per step |\n| --- | ---: | ---: |")
+for cumulative, calls, label in sorted(rows, reverse=True)[: args.top]:
+    print(f"| {label} | {calls / args.steps:.2f} | {cumulative * 1e3 / args.steps:.3f} |")

@@ -120,24 +120,37 @@ class QNetwork(nn.Module):
 
 class ReplayBuffer:
     """Transitions as rows [obs | action | reward | next_obs | termination] of one preallocated device tensor, row
-    `i % rows` for the i-th transition: adding a vector step is one host-to-device copy, sampling a batch one gather."""
+    `i % rows` for the i-th transition. Steps wait in a host array and go to the device in one block when a batch
+    is sampled: a copy per step cost 14 us of CartPole's 220 per step on a CPU, and one per update costs little."""
 
-    def __init__(self, buffer_size, obs_dim, num_envs, device):
+    def __init__(self, buffer_size, obs_dim, num_envs, device, staged_steps=64):
         self.columns = [obs_dim, 1, 1, obs_dim, 1]
         rows = math.ceil(buffer_size / num_envs) * num_envs  # a step's rows never wrap around
         self.rows = torch.zeros(rows, sum(self.columns), device=device)
-        self.buffer_size = buffer_size
+        self.staged = np.zeros((staged_steps * num_envs, sum(self.columns)), np.float32)
+        self.buffer_size, self.num_staged, self.inserted = buffer_size, 0, 0
 
-    def add(self, inserted, obs, actions, rewards, next_obs, terminations):
+    def add(self, obs, actions, rewards, next_obs, terminations):
+        if self.num_staged == len(self.staged):
+            self.flush()
         step = np.concatenate([obs, actions[:, None], rewards[:, None], next_obs, terminations[:, None]], 1)
-        start = inserted % len(self.rows)
-        self.rows[start : start + len(step)] = torch.from_numpy(step).to(self.rows, non_blocking=True)
+        self.staged[self.num_staged : self.num_staged + len(step)] = step
+        self.num_staged += len(step)
 
-    def sample(self, inserted, batch_size):
+    def flush(self):
+        """The staged steps into their rows, in two blocks where they wrap around the end."""
+        start, staged = self.inserted % len(self.rows), torch.from_numpy(self.staged[: self.num_staged])
+        first = min(self.num_staged, len(self.rows) - start)
+        self.rows[start : start + first] = staged[:first].to(self.rows.device)
+        self.rows[: self.num_staged - first] = staged[first:].to(self.rows.device)
+        self.inserted, self.num_staged = self.inserted + self.num_staged, 0
+
+    def sample(self, batch_size):
         """A uniform batch of the newest min(inserted, buffer_size) transitions: obs, actions, rewards,
         next_obs, terminations (actions int64, the rest float32)."""
-        newest = torch.randint(0, min(inserted, self.buffer_size), (batch_size,), device=self.rows.device)
-        batch = self.rows[(inserted - 1 - newest) % len(self.rows)]
+        self.flush()
+        newest = torch.randint(0, min(self.inserted, self.buffer_size), (batch_size,), device=self.rows.device)
+        batch = self.rows[(self.inserted - 1 - newest) % len(self.rows)]
         obs, actions, rewards, next_obs, terminations = batch.split(self.columns, dim=1)
         return obs, actions.long().squeeze(1), rewards.squeeze(1), next_obs, terminations.squeeze(1)
 
@@ -452,7 +465,7 @@ if __name__ == "__main__":
             real_next_obs = next_obs.copy()  # truncated episodes bootstrap from their true final observation
             if "final_obs" in infos:
                 real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
-            rb.add(global_step, obs, actions, rewards, real_next_obs, terminations)
+            rb.add(obs, actions, rewards, real_next_obs, terminations)
             obs, global_step = next_obs, global_step + args.num_envs
             done = terminations | truncations
             episode_returns += rewards
@@ -464,7 +477,7 @@ if __name__ == "__main__":
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:
                 if num_updates == args.measure_burnin:
                     run.mark_steady(global_step)
-                metrics = update_step(*rb.sample(global_step, args.batch_size))
+                metrics = update_step(*rb.sample(args.batch_size))
                 num_updates += 1
                 if num_updates % target_every == 0:
                     target_params.lerp_(online_params, args.tau)

@@ -13,6 +13,7 @@ import time
 from functools import partial
 
 import multiprocessing as mp
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -292,3 +293,18 @@ def test_checkpoint_evaluates_to_the_reported_score(workdir):
     _, proc = run_script(SCRIPT, ["--env-id", "Acrobot-v1", "--total-timesteps", 0, "--load-model", checkpoint],
                          workdir, check=False, timeout=120)
     assert proc.returncode == 2 and "was trained on CartPole-v1" in proc.stderr
+
+
+def test_the_replay_buffer_samples_the_newest_transitions_through_the_staging_and_the_wrap():
+    """Steps wait on the host and reach the device rows when a batch is sampled, in two blocks where they wrap."""
+    module = load_script(SCRIPT)
+    rb = module.ReplayBuffer(10, 1, 2, torch.device("cpu"), staged_steps=3)  # 10 rows, 6 staged at most
+    for step in range(17):  # 34 transitions: the staging fills up, and the ring wraps three times
+        values = np.array([[2 * step], [2 * step + 1]], np.float32)
+        rb.add(values, np.array([0, 1]), values[:, 0], values + 0.5, np.array([False, True]))
+        if step in (0, 4, 16):
+            obs, actions, rewards, next_obs, terminations = rb.sample(2000)
+            newest = 2 * step + 2
+            assert set(obs[:, 0].long().tolist()) == set(range(max(0, newest - 10), newest))
+            assert torch.equal(rewards, obs[:, 0]) and torch.equal(next_obs, obs + 0.5)
+            assert torch.equal(actions, obs[:, 0].long() % 2) and torch.equal(terminations, actions.float())
