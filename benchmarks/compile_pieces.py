@@ -2,7 +2,7 @@
 replaced by a wrapper that alternates each piece's calls between the compiled and the eager function (the
 same state, the same inputs, one call each in turn) and times them; prints each piece's median call time
 both ways. Pieces the script leaves eager on this device are not called through torch.compile, so they do
-not appear: add --compile-all to a script that has it to time those too.
+not appear: docs/speed.md has the CPU table, made before the scripts left the losing pieces eager there.
 
     python benchmarks/compile_pieces.py [--threads N] SCRIPT.py --compile [SCRIPT ARGS...]
 """
