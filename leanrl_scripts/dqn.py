@@ -75,7 +75,7 @@ class Args:
     torch_threads: int = 0
     """torch's CPU threads (0: one, see the comment where it is set; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the action step and the update in torch.compile"""
+    """wrap the action step and the update in torch.compile (on a CUDA device: on a CPU both ran slower compiled)"""
     cudagraphs: bool = False
     """wrap the action step and the update in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 50

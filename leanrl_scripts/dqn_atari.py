@@ -85,7 +85,7 @@ class Args:
     torch_threads: int = 0
     """torch's CPU threads (0: one on CUDA, else the cores this process may use; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the action step and the update in torch.compile"""
+    """wrap the action step and the update in torch.compile (on a CPU the update only: see the summary)"""
     cudagraphs: bool = False
     """wrap the action step and the update in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 50

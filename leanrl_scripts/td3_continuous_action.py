@@ -72,7 +72,7 @@ class Args:
     torch_threads: int = 0
     """torch's CPU threads (0: the cores idle at start on a CPU, one on CUDA; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the policy step and the updates in torch.compile"""
+    """wrap the policy step and the updates in torch.compile (on a CPU the critic update only: see the summary)"""
     cudagraphs: bool = False
     """wrap the policy step and the updates in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 50
@@ -227,7 +227,8 @@ def idle_cores(seconds=0.2):
     def idle_and_total_jiffies(cores):
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-        return {row[0]: (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows if int(row[0][3:]) in cores}
+        return {row[0]: (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows
+                if int(row[0][3:]) in cores}
     try:
         cores = os.sched_getaffinity(0)
         before = idle_and_total_jiffies(cores)
@@ -531,8 +532,8 @@ if __name__ == "__main__":
                           q_optimizer=q_optimizer, gamma=args.gamma, policy_noise=args.policy_noise,
                           noise_clip=args.noise_clip)
     actor_step = partial(update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
-    # On a CPU --compile compiles the critic update alone: inductor ran it in 0.95-0.98x the eager time there, but
-    # the policy step and the actor update (through the critics' detached view) 1.1-1.65x slower (docs/speed.md).
+    # On a CPU --compile compiles the critic update alone: inductor ran it in 0.95-0.96x the eager time there, but
+    # the policy step and the actor update (through the critics' detached view) 1.5-1.6x slower (docs/speed.md).
     pieces = {"policy": policy_step, "update_critic": critic_step, "update_actor": actor_step}
     compiled = [name for name in pieces if args.compile and (device.type != "cpu" or name == "update_critic")]
     policy_step, critic_step, actor_step = (speed_up(f, name in compiled, run.cudagraphs) for name, f in pieces.items())
