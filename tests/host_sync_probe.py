@@ -1,11 +1,14 @@
 """Runs a script with torch.compile replaced by a probe, to find host syncs in the pieces it compiles.
 
-    HOST_SYNC_LOG=out.json python tests/host_sync_probe.py leanrl_scripts/<script>.py --compile [flags]
+    HOST_SYNC_LOG=out.json [HOST_SYNC_PIECES=policy,update] \
+        python tests/host_sync_probe.py leanrl_scripts/<script>.py --compile [flags]
 Every function the script hands to torch.compile runs eagerly under a TorchFunctionMode that records each call
 that makes the host wait for the device on CUDA: reading a value (.item(), .tolist(), bool(), float(), printing),
 copying to the host (.cpu(), .numpy()), or an op whose output shape depends on the data (nonzero, boolean-mask
-indexing, unique). At exit, {piece name: [calls]} goes to $HOST_SYNC_LOG. On a CPU these calls cost nothing,
-which is why a test has to look for them: on a GPU each one stalls the stream and breaks CUDA graph capture.
+indexing, unique). The script's functions named in $HOST_SYNC_PIECES run under it too when the script leaves them
+eager (on a CPU `--compile` compiles only the pieces that gain there; on CUDA it compiles them all, so they must
+be free of syncs all the same). At exit, {piece name: [calls]} goes to $HOST_SYNC_LOG. On a CPU these calls cost
+nothing, which is why a test has to look for them: on a GPU each one stalls the stream and breaks CUDA graph capture.
 """
 
 import atexit
@@ -23,6 +26,7 @@ SYNCS = {T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.__
          torch.nonzero, T.nonzero, torch.argwhere, torch.masked_select, T.masked_select, torch.unique, T.unique,
          torch.repeat_interleave, T.repeat_interleave}
 calls = {}
+active = set()  # the pieces running under the probe now
 
 
 class HostSyncs(TorchFunctionMode):
@@ -47,9 +51,32 @@ def probe_compile(fn=None, **options):
 
     def run(*args, **kwargs):
         with HostSyncs(piece):
-            return fn(*args, **kwargs)
+            active.add(piece)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                active.discard(piece)
 
     return run
+
+
+def probe_eager_pieces(script, pieces):
+    """Enters the probe when one of the script's functions named in `pieces` starts and leaves it when that call
+    returns, unless the piece already runs under the probe (handed to torch.compile)."""
+    paths, entered = {script, os.path.abspath(script)}, {}  # the code's file name is the path as given to runpy
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name in pieces and code.co_name not in active and code.co_filename in paths:
+            mode = HostSyncs(code.co_name)
+            mode.__enter__()
+            active.add(code.co_name)
+            entered[frame] = mode
+        elif event == "return" and frame in entered:
+            entered.pop(frame).__exit__(None, None, None)
+            active.discard(code.co_name)
+
+    sys.setprofile(profile)
 
 
 if __name__ == "__main__":
@@ -62,4 +89,6 @@ if __name__ == "__main__":
             json.dump(calls, f)
 
     sys.argv = sys.argv[1:]
+    if os.environ.get("HOST_SYNC_PIECES"):
+        probe_eager_pieces(sys.argv[0], set(os.environ["HOST_SYNC_PIECES"].split(",")))
     runpy.run_path(sys.argv[0], run_name="__main__")

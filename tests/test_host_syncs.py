@@ -36,13 +36,13 @@ CASES = {
 def test_compiled_pieces_make_no_host_sync(script, tmp_path):
     flags, pieces = CASES[script]
     log = tmp_path / "syncs.json"
-    env = {**os.environ, "HOST_SYNC_LOG": str(log)}
+    env = {**os.environ, "HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"),
                            os.path.join(SCRIPTS, script), *map(str, flags), "--compile", "--eval-episodes", "0"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = json.loads(log.read_text())
-    assert set(calls) == pieces  # every compiled piece ran under the probe
+    assert set(calls) == pieces  # every piece ran under the probe, compiled or left eager on this CPU
     assert calls == {piece: [] for piece in pieces}
 
 
@@ -62,3 +62,21 @@ def test_the_probe_finds_host_syncs(tmp_path):
                    env={**os.environ, "HOST_SYNC_LOG": str(log)})
     found = [call.split(" at ")[0] for call in json.loads(log.read_text())["update"]]
     assert found == ["item", "__bool__", "cpu", "__getitem__"]
+
+
+def test_the_probe_also_watches_the_pieces_a_script_leaves_eager(tmp_path):
+    """On a CPU --compile leaves some pieces eager; named in HOST_SYNC_PIECES, they are probed all the same."""
+    piece = tmp_path / "piece.py"
+    piece.write_text(
+        "import torch\n"
+        "def policy(x):\n"
+        "    return x.sum().item()\n"
+        "def update(x):\n"
+        "    return x.cpu()\n"
+        "policy(torch.ones(3))\n"
+        "torch.compile(update)(torch.ones(3))\n")
+    log = tmp_path / "syncs.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"), str(piece)], check=True,
+                   env={**os.environ, "HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": "policy,update"})
+    found = {name: [call.split(" at ")[0] for call in found] for name, found in json.loads(log.read_text()).items()}
+    assert found == {"policy": ["item"], "update": ["cpu"]}  # update: once, though compiled and named
