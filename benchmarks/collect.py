@@ -82,16 +82,23 @@ def table(name, runs):
     return "\n".join(lines)
 
 
+SAME_SITTING = "ours, same sitting"  # reference.json may give ours as measured beside the references
+
+
 def reference_line(references):
-    """The reference scripts' speed beside ours, the comparison the tables exist for. Not divided into ours: they
-    were measured in their own sessions (docs/ gives the ratios of runs that alternated)."""
-    return "Reference scripts on this machine kind: " + ", ".join(f"{label} {sps:.0f} SPS" for label, sps in
-                                                                   references.items()) + "."
+    """The reference scripts' speed beside ours, the comparison the tables exist for. Not divided into the table's
+    runs: they were measured in their own sessions; the ratio is to ours from the same sitting, where given."""
+    scripts = {label: sps for label, sps in references.items() if label != SAME_SITTING}
+    line = "Reference scripts on this machine kind: " + ", ".join(f"{label} {sps:.0f} SPS" for label, sps in
+                                                                  scripts.items())
+    if SAME_SITTING in references:
+        line += f" (ours in the same sitting, alternating runs: {references[SAME_SITTING]:.0f} SPS)"
+    return line + "."
 
 
 def chart(results, references, path):
     """One panel per benchmark, three to a row so that the grid reads at about 900 pixels wide: our modes, then
-    the reference scripts measured on the same machine kind, hatched."""
+    the reference scripts measured on the same machine kind, hatched, then ours from their sitting, light grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,9 +116,10 @@ def chart(results, references, path):
         inactive = inactive or any(label.endswith("*") for label in labels)
         refs = references.get(name, {})
         values = [runs[m]["sps"] or 0 for m in modes] + list(refs.values())
-        colors = ["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)] + ["white"] * len(refs)
+        ours_there = [label == SAME_SITTING for label in refs]
+        colors = ["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)] + ["#dddddd" if o else "white" for o in ours_there]
         bars = ax.bar(range(len(values)), values, color=colors, edgecolor="black", linewidth=0.5,
-                      hatch=[""] * len(modes) + ["///"] * len(refs))
+                      hatch=[""] * len(modes) + ["" if o else "///" for o in ours_there])
         ax.bar_label(bars, fmt="%.0f", fontsize=6)
         crowded = len(values) > 4  # five labels side by side already run into each other
         ax.set_xticks(range(len(values)), labels + [label.replace(" ", "\n", 1) for label in refs], fontsize=6,
@@ -122,7 +130,7 @@ def chart(results, references, path):
     for ax in axes.flat[len(results):]:
         ax.axis("off")
     axes[0][0].set_ylabel("env steps / s", fontsize=7)
-    footnote = "hatched: reference scripts, same machine kind"
+    footnote = "hatched: reference scripts, same machine kind; light grey: ours in the references' sitting"
     fig.text(0.01, 0.003, footnote + ("; *: CUDA graphs requested, inactive without CUDA" if inactive else ""),
              fontsize=6)
     fig.tight_layout(rect=(0, 0.02, 1, 1))

@@ -107,10 +107,13 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
     import matplotlib.image
 
     runs = {f"bench{i}__{mode}": summary(mode, 100.0 + i) for i in range(5) for mode in ("eager", "compile")}
-    (tmp_path / "reference.json").write_text(json.dumps({"_measured": "where", "bench1": {"LeanRL --compile": 80}}))
+    (tmp_path / "reference.json").write_text(json.dumps({"_measured": "where", "bench1": {"LeanRL --compile": 80},
+                                                         "bench3": {"LeanRL": 70, "ours, same sitting": 90}}))
     proc = collect(tmp_path, runs)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("Reference scripts on this machine kind:") == 1
+    assert proc.stdout.count("Reference scripts on this machine kind:") == 2
     assert "Reference scripts on this machine kind: LeanRL --compile 80 SPS." in proc.stdout.split("### bench2")[0]
+    assert ("Reference scripts on this machine kind: LeanRL 70 SPS (ours in the same sitting, alternating runs: 90 "
+            "SPS).") in proc.stdout.split("### bench3")[1]
     height, width, _ = matplotlib.image.imread(tmp_path / "speed.png").shape
     assert width == 900 and height > width / 2
