@@ -57,6 +57,12 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """use CUDA when it is available"""
+    track: bool = False
+    """log the run to Weights & Biases (pip install ".[wandb]"; WANDB_MODE=offline keeps it on this machine)"""
+    wandb_project_name: str = "leanrl-scripts"
+    """the W&B project of --track"""
+    wandb_entity: str | None = None
+    """the W&B team or user of --track (None: your own)"""
     env_id: str = "Breakout-v5"
     """an Atari game as envpool names it (Breakout-v5, for both back-ends), or a gymnasium id with flat observations
     (CartPole-v1: an MLP; pass CleanRL's dqn.py settings, these defaults are its dqn_atari.py's)"""
@@ -647,6 +653,12 @@ class Run:
                 fail(f"--{name.replace('_', '-')} {rule}")
         if load_model and not os.path.isfile(load_model):
             fail(f"--load-model: no checkpoint at {load_model}")
+        if args.track:  # an optional extra, checked before any work
+            try:
+                import wandb
+            except ModuleNotFoundError:
+                fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
+            self.wandb = wandb
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
@@ -667,7 +679,18 @@ class Run:
                  f"{self.args.env_id} has {describe(sizes)}")
         return checkpoint
 
+    def start_wandb(self):  # before the SummaryWriter, which W&B then follows; its files go to ./wandb, not the run
+        # folder: it would follow its own copies of the TensorBoard files there
+        try:
+            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
+                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+        except Exception as error:  # no API key, no network
+            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+            fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
+
     def open(self):
+        if self.args.track:
+            self.start_wandb()
         try:
             os.makedirs(self.dir, exist_ok=True)
             self.writer = SummaryWriter(self.dir)
@@ -769,6 +792,12 @@ class Run:
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
         record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
         self.writer.close()
+        if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
+            videos = os.path.join(self.dir, "videos")
+            found = os.listdir(videos) if os.path.isdir(videos) else []
+            for name in sorted(name for name in found if name.endswith(".mp4")):
+                self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
+            self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
         write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
         diverged = self.stopped is not None and self.stopped.exit_code == 1
         if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM

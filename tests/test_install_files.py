@@ -19,9 +19,9 @@ def test_pyproject_extras_match_the_requirements_files():
         project = tomllib.load(f)["project"]
     assert sorted(project["dependencies"]) == requirements("requirements.txt")
     extras = project["optional-dependencies"]
-    for extra in ("mujoco", "atari", "envpool", "ray", "video", "dev"):
+    for extra in ("mujoco", "atari", "envpool", "ray", "video", "wandb", "dev"):
         assert sorted(extras[extra]) == requirements(f"requirements-{extra}.txt"), extra
-    assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {"mujoco", "atari", "envpool", "ray", "video", "dev"}
+    assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {"mujoco", "atari", "envpool", "ray", "video", "wandb", "dev"}
     for requirement in sum((extras[e] for e in extras if e != "all"), project["dependencies"]):
         assert ">=" in requirement and "==" not in requirement  # lower bounds, no exact pins
 
