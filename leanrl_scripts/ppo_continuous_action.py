@@ -357,8 +357,8 @@ class Run:
                  f"{self.args.env_id} has {describe(sizes)}")
         return checkpoint
 
-    def start_wandb(self):  # before the SummaryWriter, which W&B then follows; its files go to ./wandb, not the run
-        # folder: it would follow its own copies of the TensorBoard files there
+    def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
+        # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
             self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
                             name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
