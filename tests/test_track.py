@@ -1,5 +1,5 @@
 """--track: a run logged to Weights & Biases, read back from the files W&B writes offline (WANDB_MODE=offline: no
-account, no network), and one clear line when wandb is not installed."""
+account, no network), and one clear line when wandb is not installed or cannot start."""
 
 import glob
 import json
@@ -81,6 +81,15 @@ def test_track_offline_keeps_the_name_the_config_the_scalars_and_the_evaluation_
     assert any(name.endswith(".mp4") for name in files), files
 
 
+def the_one_error_line(command, workdir, env):
+    """Runs `command` in `workdir`: it must exit with code 2, one line on stderr and no run folder; returns the line."""
+    proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert not os.path.exists(os.path.join(workdir, "runs"))
+    return lines[0]
+
+
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_track_without_wandb_is_one_error_line_and_exit_code_2(script, workdir, tmp_path):
     """wandb is an optional extra: a run that asks for it says how to install it, before any work."""
@@ -90,11 +99,8 @@ def test_track_without_wandb_is_one_error_line_and_exit_code_2(script, workdir, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), ROOT])}
     command = [sys.executable, os.path.join(SCRIPTS, script), *map(str, CASES[script]["base"] + CASES[script]["tiny"]),
                "--track"]
-    proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=120)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
-    assert lines[0] == 'error: --track logs to Weights & Biases, which is not installed: pip install ".[wandb]"'
-    assert not os.path.exists(os.path.join(workdir, "runs"))
+    line = the_one_error_line(command, workdir, env)
+    assert line == 'error: --track logs to Weights & Biases, which is not installed: pip install ".[wandb]"'
 
 
 def test_track_when_wandb_cannot_start_is_one_error_line_and_exit_code_2(workdir):
@@ -103,8 +109,5 @@ def test_track_when_wandb_cannot_start_is_one_error_line_and_exit_code_2(workdir
     env = {name: value for name, value in os.environ.items() if not name.startswith("WANDB_")}
     env.update(HOME=workdir, WANDB_CONFIG_DIR=workdir, NETRC=os.path.join(workdir, "no-netrc"), PYTHONPATH=ROOT)
     command = [sys.executable, os.path.join(SCRIPTS, "dqn.py"), "--total-timesteps", "2000", "--track"]
-    proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=120)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
-    assert lines[0].startswith("error: --track: W&B did not start (") and "WANDB_MODE=offline" in lines[0], lines[0]
-    assert not os.path.exists(os.path.join(workdir, "runs"))
+    line = the_one_error_line(command, workdir, env)
+    assert line.startswith("error: --track: W&B did not start (") and "WANDB_MODE=offline" in line, line
