@@ -96,7 +96,7 @@ class Args:
     torch_threads: int = 0
     """torch's CPU threads (0: one on CUDA, else the cores this process may use; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the policy step, GAE and the update in torch.compile"""
+    """wrap the policy step, GAE and the update in torch.compile (on a CUDA device: on a CPU none gained compiled)"""
     cudagraphs: bool = False
     """wrap the policy step, GAE and the update in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 1
@@ -541,9 +541,12 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, run.cudagraphs)
-    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, run.cudagraphs)
-    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile, run.cudagraphs)
+    # On a CPU --compile leaves the pieces eager: since the learner keeps its freed memory, inductor ran the update
+    # in 1.00x and the policy step in 1.01-1.02x the eager time there (benchmarks/compile_pieces.py; docs/speed.md).
+    compiled = ["gae", "policy", "update"] if args.compile and device.type != "cpu" else []
+    policy_step = speed_up(partial(policy, agent=agent_view), bool(compiled), run.cudagraphs)
+    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), bool(compiled), run.cudagraphs)
+    update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), bool(compiled), run.cudagraphs)
 
     # Row r of env e holds its r-th observation of this rollout, what arrived with it (the reward and done of
     # the step into it) and what the policy sent back. Each env fills its own column; a rollout is complete
@@ -622,4 +625,5 @@ if __name__ == "__main__":
 
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, agent_view, args, device),
-               {"envpool_async": args.envpool_async, "num_updates": num_updates}, checkpoint)
+               {"envpool_async": args.envpool_async, "num_updates": num_updates, "compiled_pieces": compiled,
+                "left_eager": ["gae", "policy", "update"] if args.compile and not compiled else []}, checkpoint)

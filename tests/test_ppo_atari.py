@@ -81,6 +81,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["compile"] == ("compile" in mode) and summary["envpool_async"] == (mode == "envpool-async")
+    assert summary["compiled_pieces"] == [] and summary["left_eager"] == ["gae", "policy", "update"] * ("compile" in mode)
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["num_updates"] == 2 * 2 * 2
     if mode != "envpool-async":  # async envs run ahead of each other by a step or two
