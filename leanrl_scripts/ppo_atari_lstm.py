@@ -94,7 +94,7 @@ class Args:
     torch_threads: int = 0
     """torch's CPU threads (0: one on CUDA, else the cores this process may use; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the policy step, GAE and the update in torch.compile"""
+    """wrap the policy step, GAE and the update in torch.compile (on a CUDA device: on a CPU none gained compiled)"""
     cudagraphs: bool = False
     """wrap the policy step, GAE and the update in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 1
@@ -614,12 +614,15 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, run.cudagraphs)
-    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, run.cudagraphs)
+    # On a CPU --compile leaves the pieces eager: since the learner keeps its freed memory, inductor ran the policy
+    # step in 1.05x and the updates in 1.03-1.06x the eager time there (benchmarks/compile_pieces.py; docs/speed.md).
+    compiled = ["gae", "policy", "update"] if args.compile and device.type != "cpu" else []
+    policy_step = speed_up(partial(policy, agent=agent_view), bool(compiled), run.cudagraphs)
+    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), bool(compiled), run.cudagraphs)
     # One update per padded segment count, made at its first use: a CUDA graph has fixed shapes (compile shares
     # its cache between them).
     update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
-                                                args.compile, run.cudagraphs))
+                                                bool(compiled), run.cudagraphs))
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     T, E = args.num_steps, args.num_envs
@@ -683,6 +686,7 @@ if __name__ == "__main__":
     envs.close()
 
     summary = {"lstm_impl": args.lstm_impl, "padded_steps": padded_steps, "real_steps": real_steps,
-               "update_shapes": len(update_steps), "num_updates": num_updates}
+               "update_shapes": len(update_steps), "num_updates": num_updates, "compiled_pieces": compiled,
+               "left_eager": ["gae", "policy", "update"] if args.compile and not compiled else []}
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, agent_view, args, device), summary, checkpoint)

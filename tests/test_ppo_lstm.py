@@ -100,6 +100,7 @@ def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode] + ["--lstm-impl", impl], workdir)
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["compile"] == ("compile" in mode) and summary["lstm_impl"] == impl
+    assert summary["compiled_pieces"] == [] and summary["left_eager"] == ["gae", "policy", "update"] * ("compile" in mode)
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["num_updates"] == 2 * 2 * 2 and summary["steady_steps"] == 128
     assert summary["real_steps"] == 2 * 2 * 2 * 2 * 32
