@@ -78,7 +78,7 @@ class Args:
     torch_threads: int = 0
     """torch's CPU threads (0: the cores idle at start on a CPU, one on CUDA; OMP_NUM_THREADS also sets it)"""
     compile: bool = False
-    """wrap the policy step and the updates in torch.compile (on a CPU the critic update only: see the summary)"""
+    """wrap the policy step and the updates in torch.compile (on a CUDA device: on a CPU none gained reliably)"""
     cudagraphs: bool = False
     """wrap the policy step and the updates in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 50
@@ -561,10 +561,11 @@ if __name__ == "__main__":
                           q_optimizer=q_optimizer, gamma=args.gamma, policy_noise=args.policy_noise,
                           noise_clip=args.noise_clip)
     actor_step = partial(update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
-    # On a CPU --compile compiles the critic update alone: inductor ran it in 0.95-0.96x the eager time there, but
-    # the policy step and the actor update (through the critics' detached view) 1.5-1.6x slower (docs/speed.md).
+    # On a CPU --compile leaves every piece eager: the policy step and the actor update (through the critics' detached
+    # view) ran 1.1-1.65x slower compiled there, the critic update 0.95-0.98x on one CPU and 1.05-1.10x on a faster
+    # one (docs/speed.md): no piece gains reliably.
     pieces = {"policy": policy_step, "update_critic": critic_step, "update_actor": actor_step}
-    compiled = [name for name in pieces if args.compile and (device.type != "cpu" or name == "update_critic")]
+    compiled = [name for name in pieces if args.compile and device.type != "cpu"]
     policy_step, critic_step, actor_step = (speed_up(f, name in compiled, run.cudagraphs) for name, f in pieces.items())
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)

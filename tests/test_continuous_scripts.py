@@ -36,9 +36,9 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     assert all(math.isfinite(value) for value in summary["final_metrics"].values())
     warnings = [line for line in proc.stderr.splitlines() if "--cudagraphs needs CUDA" in line]
     assert len(warnings) == ("cudagraphs" in mode)
-    # on a CPU --compile compiles the critic update only (the others ran slower compiled there)
-    assert summary["compiled_pieces"] == (["update_critic"] if "compile" in mode else [])
-    assert summary["left_eager"] == (["policy", "update_actor"] if "compile" in mode else [])
+    # on a CPU --compile leaves every piece eager (none gained reliably compiled there)
+    assert summary["compiled_pieces"] == []
+    assert summary["left_eager"] == (["policy", "update_actor", "update_critic"] if "compile" in mode else [])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
