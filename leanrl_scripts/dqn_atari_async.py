@@ -1,6 +1,7 @@
 """Deep Q-Network (DQN, Mnih et al. 2015) with an actor process, on Atari (envpool or ALE) or classic control, one file.
 
-Speed: the actor plays in its own process (its own envs, a CPU copy of the Q-network) while the learner trains; a
+Speed: the actor plays in its own process (its own envs, a copy of the Q-network on the learner's device) while the
+learner trains; a
 rate limiter in the style of Reverb's SampleToInsertRatio holds gradient samples per inserted transition at
 batch_size / train_frequency, the synchronous scripts' rate (dqn_atari.py, dqn.py). Cost: shared-memory storage with
 a band of extra rows; runs are not bit-reproducible. The learner's update takes torch.compile and CUDA graphs.
@@ -472,16 +473,37 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     return greedy if exploit.all() else np.where(exploit, greedy, rng.integers(num_actions, size=len(obs)))
 
 
-def run_actor(args, rb, limiter, q_network, weights_lock, reports):
+class DeviceCopy:
+    """The actor's network on a GPU, copied from the shared CPU copy (`shared`) when the learner has written new
+    weights there (`version` counts the writes): a 6.7 MB host-to-device copy every --actor-sync-every updates."""
+
+    def __init__(self, shared, version, device):
+        self.network, self.version, self.seen = copy.deepcopy(shared).to(device), version, version.value
+        self.params, self.shared_params = from_module(self.network), from_module(shared)
+
+    def refresh(self):
+        """Call under the weights lock: the shared copy is whole there."""
+        if self.version.value != self.seen:
+            self.seen = self.version.value
+            self.params.update_(self.shared_params)
+
+
+def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, device):
     """The actor process: epsilon-greedy vector steps into the storage, each when the limiter lets it, acting with
-    `q_network` (a CPU copy in shared memory the learner refreshes under `weights_lock`); finished games' true scores,
-    its env time so far and any error go to `reports`. It starts with Ctrl-C ignored (see ActorProcess)."""
+    `q_network` (a CPU copy in shared memory the learner refreshes under `weights_lock`), or on CUDA with its own
+    copy on the GPU; finished games' true scores, its env time so far and any error go to `reports`. It starts with
+    Ctrl-C ignored (see ActorProcess)."""
     try:
         torch.set_num_threads(1)  # one core plays, the others train
         envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
-        # Eager even with --compile: on one CPU thread the compiled forward measured no faster (1.3 ms per Atari
-        # observation either way), and compiling here would hold the learner at learning_starts for a cold compile.
-        policy_step, rng = partial(policy, q_network=q_network), np.random.default_rng(args.seed)
+        # With a CPU copy the actor played 409 SPS on Breakout on an H200 machine's slower cores (1.1 ms of its 2.4
+        # ms a step in the env), below the 556 of the synchronous loop that acts on the GPU (docs/dqn.md): with CUDA
+        # it acts on the GPU too, at the cost of a CUDA context of its own. Eager even with --compile: on one CPU
+        # thread the compiled forward measured no faster, and compiling here would hold the learner for a cold compile.
+        device_copy = DeviceCopy(q_network, version, device) if device.type == "cuda" else None
+        acting_device = device if device_copy else torch.device("cpu")
+        acting = device_copy.network if device_copy else q_network
+        policy_step, rng = partial(policy, q_network=acting), np.random.default_rng(args.seed)
         parent = os.getppid()
         parent_alive = lambda: os.getppid() == parent  # noqa: E731
         num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
@@ -491,8 +513,10 @@ def run_actor(args, rb, limiter, q_network, weights_lock, reports):
             if not limiter.await_insert(args.num_envs, parent_alive):  # closed: the learner is done
                 break
             with hold_lock(weights_lock, parent_alive):  # the learner writes new weights under it
+                if device_copy:
+                    device_copy.refresh()
                 epsilon = epsilon_at(step * args.num_envs, args)
-                actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, torch.device("cpu"))
+                actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, acting_device)
             env_start = time.perf_counter()
             next_obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
             env_seconds += time.perf_counter() - env_start
@@ -515,16 +539,18 @@ def run_actor(args, rb, limiter, q_network, weights_lock, reports):
 
 class ActorProcess:
     """The actor in its own process (spawned: fork would copy the learner's threads and locks mid-flight).
-    load_weights() copies the learner's weights to its shared CPU copy; drain() passes its reports to the run;
+    load_weights() copies the learner's weights to its shared CPU copy (the actor copies them on to its GPU copy on
+    CUDA); drain() passes its reports to the run;
     stop() waits for it to exit, draining meanwhile (a process with unread queue data cannot exit), then ends it if
     it has not: no process outlives the run."""
 
-    def __init__(self, ctx, args, rb, limiter, q_network):
+    def __init__(self, ctx, args, rb, limiter, q_network, device):
         self.limiter, self.reports, self.env_seconds, self.error = limiter, ctx.Queue(), 0.0, None
         self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
         self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
-        self.process = ctx.Process(target=run_actor, daemon=True,
-                                   args=(args, rb, limiter, self.q_network, self.weights_lock, self.reports))
+        self.version = ctx.Value("Q", 0, lock=False)  # weight writes so far, read and written under weights_lock
+        self.process = ctx.Process(target=run_actor, daemon=True, args=(
+            args, rb, limiter, self.q_network, self.version, self.weights_lock, self.reports, device))
         # Ctrl-C reaches the whole process group; the actor ignores it (from its start: an interrupt while it
         # still imports would print the import's traceback) and the learner stops it.
         sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -539,6 +565,7 @@ class ActorProcess:
             raise ChildProcessError("the actor stopped")
         with hold_lock(self.weights_lock, self.alive):
             self.params.update_(params)
+            self.version.value += 1
 
     def drain(self, run):
         """Finished games to the run, and the actor's env time since the last drain to the run's env time."""
@@ -876,7 +903,7 @@ if __name__ == "__main__":
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     num_updates, metrics, wait_seconds = 0, {}, 0.0
     run.open()
-    actor = ActorProcess(ctx, args, rb, limiter, q_network)
+    actor = ActorProcess(ctx, args, rb, limiter, q_network, device)
     try:
         with run.stoppable():
             while num_updates < total_updates:  # the updates owed end the run; the actor may play a few steps after

@@ -2,6 +2,7 @@
 classic control too): the limiter under a fast and a slow side, the actor process failing and being interrupted, the
 TD update against a plain reference, the scripts as a user runs them, and learning."""
 
+import copy
 import glob
 import json
 import os
@@ -87,6 +88,31 @@ def test_rate_limiter_close_releases_a_waiting_side():
     limiter.close()
     waiter.join(timeout=5)
     assert result == [False] and not limiter.await_insert(1)
+
+
+def test_the_actors_device_copy_takes_the_learners_weights_once_per_write():
+    """On CUDA the actor acts with its own GPU copy of the shared CPU network; here the same class copies on the CPU:
+    it must pick up each write the learner counts, and only then."""
+    module = load_script(ASYNC)
+    ctx = mp.get_context("spawn")
+    learner = module.QNetwork((4,), 2)
+    actor = module.ActorProcess.__new__(module.ActorProcess)  # only its weight path: no process is started
+    actor.q_network = copy.deepcopy(learner).requires_grad_(False).share_memory()
+    actor.params, actor.weights_lock = module.from_module(actor.q_network), ctx.Lock()
+    actor.version, actor.alive = ctx.Value("Q", 0, lock=False), lambda: True
+    device_copy = module.DeviceCopy(actor.q_network, actor.version, torch.device("cpu"))
+    obs = torch.randn(5, 4)
+    with torch.no_grad():
+        for param in learner.parameters():
+            param.add_(1.0)
+    actor.load_weights(module.from_module(learner).data)
+    assert not torch.equal(device_copy.network(obs), learner(obs))  # written, not yet taken
+    device_copy.refresh()
+    assert torch.equal(device_copy.network(obs), learner(obs))
+    with torch.no_grad():  # a change the learner has not written: the copy keeps what it took
+        next(actor.q_network.parameters()).add_(1.0)
+    device_copy.refresh()
+    assert torch.equal(device_copy.network(obs), learner(obs))
 
 
 def test_update_equals_a_plain_td_step():
