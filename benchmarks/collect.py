@@ -14,6 +14,7 @@ import os
 import sys
 
 MODES = ["eager", "compile", "cudagraphs", "compile+cudagraphs"]
+MODE_COLORS = dict(zip(MODES, ["#888888", "#4c72b0", "#55a868", "#c44e52"]))  # a mode's colour in every panel
 
 
 def load(folder):
@@ -70,7 +71,7 @@ def table(name, runs):
         # the env's time in the run against the env-only time of as many steps: above 1, the loop slows the env
         env_ratio = run["env_seconds"] * env_only / run["steady_steps"] if env_only and run["steady_steps"] else None
         lines.append(
-            f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps if sps and eager_sps else None, '.2f')}x "
+            f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps, '.2f') + 'x' if sps and eager_sps else 'n/a'} "
             f"| {fmt(run['return_mean'], '.1f')} | {fmt(env_only)} | {fmt(learner_bound)} "
             f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} "
             f"| {fmt(env_ratio, '.2f')} |"
@@ -117,7 +118,7 @@ def chart(results, references, path):
         refs = references.get(name, {})
         values = [runs[m]["sps"] or 0 for m in modes] + list(refs.values())
         ours_there = [label == SAME_SITTING for label in refs]
-        colors = ["#888888", "#4c72b0", "#55a868", "#c44e52"][: len(modes)] + ["#dddddd" if o else "white" for o in ours_there]
+        colors = [MODE_COLORS[m] for m in modes] + ["#dddddd" if o else "white" for o in ours_there]
         bars = ax.bar(range(len(values)), values, color=colors, edgecolor="black", linewidth=0.5,
                       hatch=[""] * len(modes) + ["" if o else "///" for o in ours_there])
         ax.bar_label(bars, fmt="%.0f", fontsize=6)

@@ -10,3 +10,5 @@ case $BENCH_PROFILE in
 esac
 run_modes ppo_atari ppo_atari_envpool.py --env-id Breakout-v5 "${budget[@]}" --eval-episodes 0 --seed 1
 run_modes ppo_atari_async ppo_atari_envpool.py --env-id Breakout-v5 "${budget[@]}" --eval-episodes 0 --seed 1 --envpool-async
+# What bounds the envs on this machine: the script's envpool set-up against envpool's own at 8, 16 and 32 envs
+"$PYTHON" "$ROOT/benchmarks/env_ceiling.py" $([[ $BENCH_PROFILE == smoke ]] && echo --steps 256 --envs 8) > "$RESULTS_DIR/env_ceiling.jsonl"

@@ -40,6 +40,12 @@ def test_collect_builds_the_table_with_ceilings(tmp_path):
     assert (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_collect_leaves_the_ratio_out_without_an_eager_run(tmp_path):
+    proc = collect(tmp_path, {"td3__compile+cudagraphs": summary("compile+cudagraphs", 900.0)})
+    row = [line for line in proc.stdout.splitlines() if line.startswith("| compile+cudagraphs")][0]
+    assert [cell.strip() for cell in row.split("|")][2:4] == ["900", "n/a"]
+
+
 def test_collect_adds_the_padding_cost_of_the_lstm_script(tmp_path):
     run = summary("eager", 100.0, padded_steps=3000, real_steps=1000, peak_memory_mb=612.4)
     proc = collect(tmp_path, {"ppo_lstm__eager": run})
@@ -99,6 +105,8 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     phase = json.loads((tmp_path / "lstm_update.json").read_text())
     assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0
     assert "### PPO-LSTM update phase" in proc.stdout
+    machine, *ceilings = [json.loads(line) for line in (tmp_path / "env_ceiling.jsonl").read_text().splitlines()]
+    assert machine["usable_cores"] >= 1 and len(ceilings) == 6 and min(row["sps"] for row in ceilings) > 100
 
 
 def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
