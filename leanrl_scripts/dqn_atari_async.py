@@ -1,10 +1,10 @@
 """Deep Q-Network (DQN, Mnih et al. 2015) with an actor process, on Atari (envpool or ALE) or classic control, one file.
 
 Speed: the actor plays in its own process (its own envs, a copy of the Q-network on the learner's device) while the
-learner trains; a
-rate limiter in the style of Reverb's SampleToInsertRatio holds gradient samples per inserted transition at
-batch_size / train_frequency, the synchronous scripts' rate (dqn_atari.py, dqn.py). Cost: shared-memory storage with
-a band of extra rows; runs are not bit-reproducible. The learner's update takes torch.compile and CUDA graphs.
+learner trains; a rate limiter in the style of Reverb's SampleToInsertRatio holds gradient samples per inserted
+transition at batch_size / train_frequency, the synchronous scripts' rate (dqn_atari.py, dqn.py). Cost: shared-memory
+storage with a band of extra rows; runs are not bit-reproducible. The learner's update takes torch.compile and CUDA
+graphs.
     python leanrl_scripts/dqn_atari_async.py --env-id Breakout-v5 --compile
 """
 
@@ -475,7 +475,7 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
 
 class DeviceCopy:
     """The actor's network on a GPU, copied from the shared CPU copy (`shared`) when the learner has written new
-    weights there (`version` counts the writes): a 6.7 MB host-to-device copy every --actor-sync-every updates."""
+    weights there (`version` counts the writes): 6.7 MB host to device every --actor-sync-every updates on Atari."""
 
     def __init__(self, shared, version, device):
         self.network, self.version, self.seen = copy.deepcopy(shared).to(device), version, version.value
