@@ -26,7 +26,7 @@ from typing import Literal, NamedTuple
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
 # programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel, and
 # the LSTM runs its small kernels back to back, so libgomp's threads first spin 30,000 rounds (microseconds) and
-# catch the next one: 1.1-1.25x the SPS padded and 1.7x with the loop on a 2-core CPU (docs/ppo_lstm.md).
+# catch the next one: 1.2x the SPS padded (medians) and 1.7x with the loop on a 2-core CPU (docs/ppo_lstm.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
