@@ -543,7 +543,8 @@ if __name__ == "__main__":
 
     # On a CPU --compile leaves the pieces eager: since the learner keeps its freed memory, inductor ran the update
     # in 1.00x and the policy step in 1.01-1.02x the eager time there (benchmarks/compile_pieces.py; docs/speed.md).
-    compiled = ["gae", "policy", "update"] if args.compile and device.type != "cpu" else []
+    pieces = ["gae", "policy", "update"]
+    compiled = pieces if args.compile and device.type != "cpu" else []
     policy_step = speed_up(partial(policy, agent=agent_view), bool(compiled), run.cudagraphs)
     gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), bool(compiled), run.cudagraphs)
     update_step = speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), bool(compiled), run.cudagraphs)
@@ -626,4 +627,4 @@ if __name__ == "__main__":
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, agent_view, args, device),
                {"envpool_async": args.envpool_async, "num_updates": num_updates, "compiled_pieces": compiled,
-                "left_eager": ["gae", "policy", "update"] if args.compile and not compiled else []}, checkpoint)
+                "left_eager": pieces if args.compile and not compiled else []}, checkpoint)

@@ -619,7 +619,8 @@ if __name__ == "__main__":
 
     # On a CPU --compile leaves the pieces eager: since the learner keeps its freed memory, inductor ran the policy
     # step in 1.05x and the updates in 1.03-1.06x the eager time there (benchmarks/compile_pieces.py; docs/speed.md).
-    compiled = ["gae", "policy", "update"] if args.compile and device.type != "cpu" else []
+    pieces = ["gae", "policy", "update"]
+    compiled = pieces if args.compile and device.type != "cpu" else []
     policy_step = speed_up(partial(policy, agent=agent_view), bool(compiled), run.cudagraphs)
     gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), bool(compiled), run.cudagraphs)
     # One update per padded segment count, made at its first use: a CUDA graph has fixed shapes (compile shares
@@ -690,6 +691,6 @@ if __name__ == "__main__":
 
     summary = {"lstm_impl": args.lstm_impl, "padded_steps": padded_steps, "real_steps": real_steps,
                "update_shapes": len(update_steps), "num_updates": num_updates, "compiled_pieces": compiled,
-               "left_eager": ["gae", "policy", "update"] if args.compile and not compiled else []}
+               "left_eager": pieces if args.compile and not compiled else []}
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, agent_view, args, device), summary, checkpoint)
