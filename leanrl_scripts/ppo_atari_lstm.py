@@ -23,12 +23,32 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal, NamedTuple
 
+
+def cores_all_idle(seconds=0.2):
+    """Whether every core this process may use was at least 75% idle over `seconds` (their idle share in
+    /proc/stat); False where the system does not say (not Linux)."""
+    def idle_and_total_jiffies():
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+    try:
+        cores, before = os.sched_getaffinity(0), idle_and_total_jiffies()
+        time.sleep(seconds)
+        after = idle_and_total_jiffies()
+    except (OSError, AttributeError, ValueError):
+        return False
+    shares = [(after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores if c in before]
+    return bool(shares) and min(shares) >= 0.75
+
+
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
 # programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel, and
-# the LSTM runs its small kernels back to back, so libgomp's threads first spin 30,000 rounds (microseconds) and
-# catch the next one: 1.2x the SPS padded (medians) and 1.7x with the loop on a 2-core CPU (docs/ppo_lstm.md).
+# the LSTM runs its small kernels back to back, so on an idle machine libgomp's threads first spin 30,000 rounds
+# (microseconds) and catch the next one: 1.2x the SPS padded (medians) and 1.7x with the loop on a 2-core CPU. Beside
+# busy programs that spin takes their time slices instead: 0.55x (docs/ppo_lstm.md), so not when a core is busy.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+if "GOMP_SPINCOUNT" not in os.environ and cores_all_idle():
+    os.environ["GOMP_SPINCOUNT"] = "30000"
 
 try:
     import envpool
@@ -691,6 +711,7 @@ if __name__ == "__main__":
 
     summary = {"lstm_impl": args.lstm_impl, "padded_steps": padded_steps, "real_steps": real_steps,
                "update_shapes": len(update_steps), "num_updates": num_updates, "compiled_pieces": compiled,
-               "left_eager": pieces if args.compile and not compiled else []}
+               "left_eager": pieces if args.compile and not compiled else [],
+               "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, agent_view, args, device), summary, checkpoint)
