@@ -30,6 +30,10 @@ ROWS = {
     # LeanRL's compiled PPO continuous, its fastest there (its compiled DQN is slower than its plain one on a CPU)
     "ppo_continuous_compiled": ("ppo_continuous_action.py", "leanrl_ppo_continuous_action_torchcompile.py",
                                 ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"], NO_EVAL, ["--compile"]),
+    # the same, ours with --compile too (on a CPU it compiles PPO continuous's policy and update): best against best
+    "ppo_continuous_both_compiled": ("ppo_continuous_action.py", "leanrl_ppo_continuous_action_torchcompile.py",
+                                     ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
+                                     NO_EVAL + ["--compile"], ["--compile"]),
     # LeanRL's compiled PPO Atari, its fastest on a CPU; both time from the second iteration (its count is 1-based)
     "ppo_atari": ("ppo_atari_envpool.py", "leanrl_ppo_atari_envpool_torchcompile.py",
                   ["--env-id", "Breakout-v5", "--total-timesteps", "20480"], NO_EVAL, ["--compile", "--measure-burnin", "2"]),
