@@ -88,6 +88,8 @@ class Args:
     """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
     eval_episodes: int = 10
     """greedy evaluation episodes at the end of the run"""
+    capture_video: bool = False
+    """record the first evaluation episode to runs/<run_name>/videos (needs .[video])"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
     load_model: str = ""
@@ -97,10 +99,17 @@ class Args:
 LOG_EVERY = 100  # updates between metric reads: each read is one host sync
 
 
-def make_envs(env_id, num_envs, seed=0):
-    """Vector env whose step returns the reset observation and the true final one (info["final_obs"])."""
+def make_envs(env_id, num_envs, seed=0, video_folder=None):
+    """Vector env whose step returns the reset observation and the true final one (info["final_obs"]); with
+    `video_folder`, the first env's first episode is recorded there."""
+    def make_env(record):
+        if not record:
+            return gym.make(env_id)
+        env = gym.make(env_id, render_mode="rgb_array")
+        return gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
+
     try:
-        envs = gym.vector.SyncVectorEnv([partial(gym.make, env_id)] * num_envs,
+        envs = gym.vector.SyncVectorEnv([partial(make_env, video_folder and i == 0) for i in range(num_envs)],
                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
@@ -195,9 +204,9 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     return greedy if exploit.all() else np.where(exploit, greedy, rng.integers(num_actions, size=len(obs)))
 
 
-def evaluate(q_network, args, device):
+def evaluate(q_network, args, device, video_folder=None):
     """Undiscounted return of the first episode in each of --eval-episodes envs, acting greedily."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000)
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
@@ -279,10 +288,19 @@ class Run:
             except ModuleNotFoundError:
                 fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
             self.wandb = wandb
+        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
+            if args.eval_episodes == 0:
+                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
+            try:
+                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
+            except ModuleNotFoundError:
+                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
         self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
     def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
@@ -413,8 +431,8 @@ class Run:
         record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
         self.writer.close()
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = os.path.join(self.dir, "videos")
-            found = os.listdir(videos) if os.path.isdir(videos) else []
+            videos = self.video_folder
+            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
             for name in sorted(name for name in found if name.endswith(".mp4")):
                 self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
             self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
@@ -522,4 +540,4 @@ if __name__ == "__main__":
                "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts)}
     checkpoint = {"obs_dim": obs_dim, "num_actions": num_actions, "q_network": q_network.state_dict(),
                   "optimizer": optimizer.state_dict()}
-    run.finish(partial(evaluate, q_view, args, device), summary, checkpoint)
+    run.finish(partial(evaluate, q_view, args, device, run.video_folder), summary, checkpoint)

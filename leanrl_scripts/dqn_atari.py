@@ -98,6 +98,8 @@ class Args:
     """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
     eval_episodes: int = 10
     """evaluation games at the end of the run (whole games, true score, epsilon 0.05)"""
+    capture_video: bool = False
+    """record the first evaluation game to runs/<run_name>/videos (needs .[video])"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
     load_model: str = ""
@@ -216,9 +218,10 @@ def cpu_threads(requested, device):
     return 1 if device.type == "cuda" else usable_cores()
 
 
-def make_gym_env(env_id):
+def make_gym_env(env_id, render=False):
     """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, 108k-frame time limit."""
-    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000)
+    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000,
+                   render_mode="rgb_array" if render else None)
     env = EpisodicLife(MaxAndSkip(NoopReset(env)))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
@@ -226,7 +229,7 @@ def make_gym_env(env_id):
     return gym.wrappers.FrameStackObservation(WarpFrame(env), 4, padding_type="reset")  # a reset fills all 4
 
 
-def make_envs(env_id, num_envs, seed=0, backend="envpool"):
+def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     """Training envs of either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode;
     info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends
     a game (with envpool) or any episode (gymnasium), the next step resets that env and is not a transition."""
@@ -241,7 +244,8 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool"):
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py, classic: dqn.py)")
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
-                            episodic_life=True, reward_clip=True, seed=seed)
+                            episodic_life=True, reward_clip=True, seed=seed,
+                            render_mode="rgb_array" if render else None)
     try:
         import ale_py  # registers the ALE/ ids
     except ModuleNotFoundError:
@@ -250,7 +254,7 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool"):
         fail('the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"')
     gym.register_envs(ale_py)
     try:
-        envs = gym.vector.SyncVectorEnv([partial(make_gym_env, env_id)] * num_envs,
+        envs = gym.vector.SyncVectorEnv([partial(make_gym_env, env_id, render)] * num_envs,
                                         autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     except gym.error.Error as error:
         fail(f"unknown env id '{env_id}' for ALE (Atari games look like Breakout-v5): {error}")
@@ -355,19 +359,42 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     return greedy if exploit.all() else np.where(exploit, greedy, rng.integers(num_actions, size=len(obs)))
 
 
-def evaluate(q_network, args, device):
+def first_screen(envs):
+    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
+    return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
+
+
+def game_video(folder, first_frame, fps=15):
+    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
+    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 108k frames)."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    os.makedirs(folder, exist_ok=True)
+    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
+    writer.write_frame(first_frame)
+    return writer
+
+
+def evaluate(q_network, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol:
-    a greedy agent can stall (in Breakout, by never firing a new ball) until the time limit."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend)
+    a greedy agent can stall (in Breakout, by never firing a new ball) until the time limit. With `video_folder`,
+    the first env's game is recorded there."""
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend,
+                     render=video_folder is not None)
     obs, _ = envs.reset()
+    video = game_video(video_folder, first_screen(envs)) if video_folder else None
     rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         check_signals()
         actions = epsilon_greedy(partial(policy, q_network=q_network), obs, 0.05, rng, num_actions, device)
         obs, _, _, truncations, infos = envs.step(actions.astype(np.int32))
+        if video and not finished[0]:
+            video.write_frame(first_screen(envs))
         returns += infos["reward"] * ~finished
         finished |= infos["terminated"].astype(bool) | truncations
+    if video:
+        video.close()
     envs.close()
     return returns.tolist()
 
@@ -440,10 +467,19 @@ class Run:
             except ModuleNotFoundError:
                 fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
             self.wandb = wandb
+        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
+            if args.eval_episodes == 0:
+                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
+            try:
+                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
+            except ModuleNotFoundError:
+                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
         self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
     def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
@@ -574,8 +610,8 @@ class Run:
         record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
         self.writer.close()
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = os.path.join(self.dir, "videos")
-            found = os.listdir(videos) if os.path.isdir(videos) else []
+            videos = self.video_folder
+            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
             for name in sorted(name for name in found if name.endswith(".mp4")):
                 self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
             self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
@@ -680,4 +716,4 @@ if __name__ == "__main__":
                "replay_ratio_target": args.batch_size / args.train_frequency,
                "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts)}
     checkpoint = {"num_actions": num_actions, "q_network": q_network.state_dict(), "optimizer": optimizer.state_dict()}
-    run.finish(partial(evaluate, q_view, args, device), summary, checkpoint)
+    run.finish(partial(evaluate, q_view, args, device, run.video_folder), summary, checkpoint)

@@ -110,6 +110,8 @@ class Args:
     """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
     eval_episodes: int = 10
     """evaluation games at the end of the run (whole games, true score; epsilon 0.05 on Atari, greedy otherwise)"""
+    capture_video: bool = False
+    """record the first evaluation game to runs/<run_name>/videos (needs .[video])"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
     load_model: str = ""
@@ -229,9 +231,10 @@ def cpu_threads(requested, device, pixels):
     return 1 if device.type == "cuda" or not pixels else max(1, usable_cores() - 1)
 
 
-def make_gym_env(env_id):
+def make_gym_env(env_id, render=False):
     """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, 108k-frame time limit."""
-    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000)
+    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000,
+                   render_mode="rgb_array" if render else None)
     env = EpisodicLife(MaxAndSkip(NoopReset(env)))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
@@ -239,9 +242,9 @@ def make_gym_env(env_id):
     return gym.wrappers.FrameStackObservation(WarpFrame(env), 4, padding_type="reset")  # a reset fills all 4
 
 
-def make_classic_env(env_id):
+def make_classic_env(env_id, render=False):
     """A gymnasium env with flat observations, given a stack dimension of one: the frame storage serves it as is."""
-    env = gym.make(env_id)
+    env = gym.make(env_id, render_mode="rgb_array" if render else None)
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
     if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
@@ -249,7 +252,7 @@ def make_classic_env(env_id):
     return gym.wrappers.ReshapeObservation(env, (1, *env.observation_space.shape))
 
 
-def make_envs(env_id, num_envs, seed=0, backend="envpool"):
+def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     """Atari, either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode; info["reward"]
     is the unclipped reward and info["terminated"] the end of the game. A gymnasium id: classic control, one frame.
     After the step that ends a game (envpool) or an episode (gymnasium), the next step resets that env and is not a
@@ -266,7 +269,8 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool"):
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py)")
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
-                            episodic_life=True, reward_clip=True, seed=seed)
+                            episodic_life=True, reward_clip=True, seed=seed,
+                            render_mode="rgb_array" if render else None)
     if not classic:
         try:
             import ale_py  # registers the ALE/ ids
@@ -276,8 +280,8 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool"):
             fail('the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"')
         gym.register_envs(ale_py)
     try:
-        envs = gym.vector.SyncVectorEnv([partial(make_classic_env if classic else make_gym_env, env_id)] * num_envs,
-                                        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        make_env = partial(make_classic_env if classic else make_gym_env, env_id, render)
+        envs = gym.vector.SyncVectorEnv([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     except gym.error.Error as error:  # an unknown ALE game, a missing package, a deprecated version
         fail(f"unknown env id '{env_id}', or it cannot be made: {error}")
     envs.reset(seed=seed)
@@ -599,12 +603,32 @@ class ActorProcess:
 
 
 @torch.no_grad()
-def evaluate(q_network, args, device):
+def first_screen(envs):
+    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
+    return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
+
+
+def game_video(folder, first_frame, fps):
+    """An mp4 writer for one game's screens. Frames go to ffmpeg as they come, so memory stays flat however long the
+    game (a stalled Atari game lasts 108k frames)."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    os.makedirs(folder, exist_ok=True)
+    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
+    writer.write_frame(first_frame)
+    return writer
+
+
+def evaluate(q_network, args, device, video_folder=None):
     """Score of the first whole game in each of --eval-episodes envs: greedy on classic control; on Atari the true
     score at epsilon 0.05, the DQN paper's protocol (a greedy agent can stall, in Breakout by never firing a new
-    ball, until the time limit)."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend)
+    ball, until the time limit). With `video_folder`, the first env's game is recorded there."""
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend,
+                     render=video_folder is not None)
     obs, _ = envs.reset()
+    # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
+    fps = 15 if q_network.pixels else envs.envs[0].metadata.get("render_fps", 30)
+    video = game_video(video_folder, first_screen(envs), fps) if video_folder else None
     rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
     policy_step, epsilon = partial(policy, q_network=q_network), 0.05 if q_network.pixels else 0.0
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
@@ -612,8 +636,12 @@ def evaluate(q_network, args, device):
         check_signals()
         actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device)
         obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
+        if video and not finished[0]:
+            video.write_frame(first_screen(envs))
         returns += infos.get("reward", rewards) * ~finished
         finished |= game_over(infos, terminations, truncations)
+    if video:
+        video.close()
     envs.close()
     return returns.tolist()
 
@@ -686,10 +714,19 @@ class Run:
             except ModuleNotFoundError:
                 fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
             self.wandb = wandb
+        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
+            if args.eval_episodes == 0:
+                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
+            try:
+                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
+            except ModuleNotFoundError:
+                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
         self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
     def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
@@ -820,8 +857,8 @@ class Run:
         record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
         self.writer.close()
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = os.path.join(self.dir, "videos")
-            found = os.listdir(videos) if os.path.isdir(videos) else []
+            videos = self.video_folder
+            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
             for name in sorted(name for name in found if name.endswith(".mp4")):
                 self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
             self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
@@ -943,4 +980,4 @@ if __name__ == "__main__":
                "replay_ratio_achieved": num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)}
     checkpoint = {"obs_shape": [*obs_space.shape], "num_actions": num_actions, "q_network": q_network.state_dict(),
                   "optimizer": optimizer.state_dict()}
-    run.finish(partial(evaluate, q_network, args, device), summary, checkpoint)
+    run.finish(partial(evaluate, q_network, args, device, run.video_folder), summary, checkpoint)

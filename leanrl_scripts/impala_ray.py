@@ -124,6 +124,8 @@ class Args:
     """learner updates that the speed figure leaves out (actor start-up, compilation, graph capture)"""
     eval_episodes: int = 10
     """evaluation episodes at the end of the run (whole games; greedy actions, sampled ones on Atari)"""
+    capture_video: bool = False
+    """record the first evaluation game to runs/<run_name>/videos (needs .[video])"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
 
@@ -186,7 +188,7 @@ def env_kind(env_id):
     return "classic"
 
 
-def make_envs(env_id, num_envs, seed=0, training=True, hide_obs=()):
+def make_envs(env_id, num_envs, seed=0, training=True, hide_obs=(), render=False):
     """Atari: envpool's preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames); training envs end an
     episode at each lost life and clip rewards, info["reward"] and info["terminated"] keep the true game.
     Classic control: a gymnasium vector env that resets in the step that ends an episode, `hide_obs` zeroed."""
@@ -195,10 +197,11 @@ def make_envs(env_id, num_envs, seed=0, training=True, hide_obs=()):
 
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
-                            episodic_life=training, reward_clip=training, seed=seed)
+                            episodic_life=training, reward_clip=training, seed=seed,
+                            render_mode="rgb_array" if render else None)
 
     def make_env():
-        env = gym.make(env_id)
+        env = gym.make(env_id, render_mode="rgb_array" if render else None)
         if not hide_obs:
             return env
         mask = np.ones(env.observation_space.shape, env.observation_space.dtype)
@@ -651,13 +654,34 @@ def actor_error(index, what, error):
     sys.exit(1)
 
 
-def evaluate(agent, args, device):
+def first_screen(envs):
+    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
+    return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
+
+
+def game_video(folder, first_frame, fps):
+    """An mp4 writer for one game's screens. Frames go to ffmpeg as they come, so memory stays flat however long the
+    game (a stalled Atari game lasts 27k steps)."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    os.makedirs(folder, exist_ok=True)
+    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
+    writer.write_frame(first_frame)
+    return writer
+
+
+def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs. Flat observations: the greedy action (the
     policy's mode, as the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari
-    policy can stall (in Breakout, by never launching a new ball) until the 27k-step time limit."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs)
+    policy can stall (in Breakout, by never launching a new ball) until the 27k-step time limit. With
+    `video_folder`, the first env's game is recorded there."""
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs,
+                     render=video_folder is not None)
     torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
+    # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
+    fps = 15 if agent.pixels else envs.envs[0].metadata.get("render_fps", 30)
+    video = game_video(video_folder, first_screen(envs), fps) if video_folder else None
     returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
     state = agent.initial_state(len(obs), device)
     while not finished.all():
@@ -666,10 +690,14 @@ def evaluate(agent, args, device):
             logits, _, state = agent(torch.as_tensor(obs, device=device), state)
         actions = torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)
         obs, rewards, terminations, truncations, infos = envs.step(actions.cpu().numpy())
+        if video and not finished[0]:
+            video.write_frame(first_screen(envs))
         returns += infos.get("reward", rewards) * ~finished
         finished |= game_over(infos, terminations, truncations)
         keep = torch.as_tensor(~(terminations | truncations), dtype=torch.float32, device=device).view(1, -1, 1)
         state = tuple(part * keep for part in state)
+    if video:
+        video.close()
     envs.close()
     return returns.tolist()
 
@@ -742,10 +770,19 @@ class Run:
             except ModuleNotFoundError:
                 fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
             self.wandb = wandb
+        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
+            if args.eval_episodes == 0:
+                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
+            try:
+                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
+            except ModuleNotFoundError:
+                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
         self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
     def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
@@ -876,8 +913,8 @@ class Run:
         record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
         self.writer.close()
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = os.path.join(self.dir, "videos")
-            found = os.listdir(videos) if os.path.isdir(videos) else []
+            videos = self.video_folder
+            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
             for name in sorted(name for name in found if name.endswith(".mp4")):
                 self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
             self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
@@ -1017,4 +1054,5 @@ if __name__ == "__main__":
         # the core's padded steps per real one: the cost of replaying a batch in one call
         "lstm_padding": padded_core_steps / core_steps if core_steps else None,
     }
-    run.finish(partial(evaluate, agent, args, device), summary, {"num_actions": num_actions, "agent": agent.state_dict()})
+    run.finish(partial(evaluate, agent, args, device, run.video_folder), summary,
+               {"num_actions": num_actions, "agent": agent.state_dict()})

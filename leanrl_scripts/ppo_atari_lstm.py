@@ -124,6 +124,8 @@ class Args:
     """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
     eval_episodes: int = 10
     """evaluation games at the end of the run (whole games, true score, sampled actions)"""
+    capture_video: bool = False
+    """record the first evaluation game to runs/<run_name>/videos (needs .[video])"""
     save_model: bool = False
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
     load_model: str = ""
@@ -165,7 +167,7 @@ def keep_freed_memory():
     mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
 
 
-def make_envs(env_id, num_envs, seed=0, training=True):
+def make_envs(env_id, num_envs, seed=0, training=True, render=False):
     """envpool's Atari preprocessing with one frame per observation (memory is the LSTM's job, as in CleanRL).
     Training envs end an episode at each lost life and clip rewards to their sign; info["reward"] keeps the
     true score. One worker thread per env, up to the usable cores: envpool's default counts every core of the
@@ -176,7 +178,7 @@ def make_envs(env_id, num_envs, seed=0, training=True):
         fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, stack_num=1,
                         num_threads=min(num_envs, usable_cores()), episodic_life=training, reward_clip=training,
-                        seed=seed)
+                        seed=seed, render_mode="rgb_array" if render else None)
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -359,12 +361,25 @@ def speed_up(fn, compile, cudagraphs):
     return fn
 
 
-def evaluate(agent, args, device):
+def game_video(folder, first_frame, fps=15):
+    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
+    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 27k steps)."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    os.makedirs(folder, exist_ok=True)
+    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
+    writer.write_frame(first_frame)
+    return writer
+
+
+def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs, with sampled actions (a greedy Atari policy
-    can stall)."""
-    envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False)
+    can stall); with `video_folder`, the first env's game recorded there."""
+    envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False,
+                     render=video_folder is not None)
     torch.manual_seed(args.seed)  # evaluation does not depend on what training drew
     obs, _ = envs.reset()
+    video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
     done = torch.zeros(envs.num_envs, device=device)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
@@ -373,9 +388,13 @@ def evaluate(agent, args, device):
         with torch.no_grad():
             actions, _, _, h, c = policy(torch.from_numpy(obs).to(device), h, c, done, agent=agent)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
+        if video and not finished[0]:
+            video.write_frame(envs.render()[0])
         done = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
         returns += rewards * ~finished
         finished |= terminations | truncations
+    if video:
+        video.close()
     envs.close()
     return returns.tolist()
 
@@ -448,10 +467,19 @@ class Run:
             except ModuleNotFoundError:
                 fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
             self.wandb = wandb
+        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
+            if args.eval_episodes == 0:
+                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
+            try:
+                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
+            except ModuleNotFoundError:
+                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
         self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
     def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
@@ -582,8 +610,8 @@ class Run:
         record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
         self.writer.close()
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = os.path.join(self.dir, "videos")
-            found = os.listdir(videos) if os.path.isdir(videos) else []
+            videos = self.video_folder
+            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
             for name in sorted(name for name in found if name.endswith(".mp4")):
                 self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
             self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
@@ -714,4 +742,4 @@ if __name__ == "__main__":
                "left_eager": pieces if args.compile and not compiled else [],
                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
-    run.finish(partial(evaluate, agent_view, args, device), summary, checkpoint)
+    run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary, checkpoint)
