@@ -1,10 +1,14 @@
-"""The benchmark tooling: the collector's table against hand-computed numbers, and a smoke run of run.sh."""
+"""The benchmark tooling: the collector's table against hand-computed numbers, and smoke runs of run.sh (speed and
+learning)."""
 
+import csv
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 from conftest import ROOT
 
 
@@ -125,3 +129,48 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
             "SPS).") in proc.stdout.split("### bench3")[1]
     height, width, _ = matplotlib.image.imread(tmp_path / "speed.png").shape
     assert width == 900 and height > width / 2
+
+
+def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(tmp_path):
+    """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves and
+    the table are read back against the runs' own records, and a second call runs nothing again."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    command = ["bash", os.path.join(ROOT, "run.sh"), "--learning", "--smoke", "--seeds", "2", "--results", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = tmp_path / "learning"
+    records = [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*.json"))]
+    tasks = sorted({record["task"] for record in records})
+    assert len(tasks) >= 6 and len(records) == 2 * len(tasks)
+    with open(folder / "curves.csv") as f:
+        rows = list(csv.DictReader(f))
+    for record in records:
+        curve = [row for row in rows if row["task"] == record["task"] and int(row["seed"]) == record["seed"]]
+        assert [int(row["step"]) for row in curve] == record["steps"] and len(curve) > 0
+        assert [float(row["return"]) for row in curve] == pytest.approx(record["returns"])
+        assert sorted(float(row["seconds"]) for row in curve) == [float(row["seconds"]) for row in curve]
+    table = (folder / "final.md").read_text()
+    for task in tasks:
+        finals = [record["summary"]["eval_return_mean"] for record in records if record["task"] == task]
+        row = next(line for line in table.splitlines() if line.startswith(f"| {task} |"))
+        assert f"| 2 | {np.mean(finals):.1f} +- {np.std(finals):.1f} |" in row
+        assert (folder / f"{task}.png").stat().st_size > 10_000
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("done before") == len(records)
+    refused = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--seeds", "2"], capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --seeds counts the seeds of --learning")
+
+
+def test_the_learning_tables_statistics_against_plain_definitions():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+
+    values = [9.0, 1.0, 7.0, 3.0, 5.0, 100.0, 2.0, 4.0]  # sorted: 1 2 3 4 5 7 9 100; a quarter (2) off each end
+    assert learning.interquartile_mean(values) == pytest.approx((3 + 4 + 5 + 7) / 4)
+    assert learning.interquartile_mean([1.0, 2.0, 30.0]) == pytest.approx(11.0)  # under four seeds: the mean
+    low, high = learning.bootstrap_interval(values)
+    means = [np.mean(np.random.default_rng(seed).choice(values, len(values))) for seed in range(2000)]
+    assert low == pytest.approx(np.percentile(means, 2.5), abs=3.0)
+    assert high == pytest.approx(np.percentile(means, 97.5), abs=3.0)
+    assert low < np.mean(values) < high
+    assert learning.smoothed([1.0, 3.0, 5.0, 7.0], window=2).tolist() == [1.0, 2.0, 4.0, 6.0]
