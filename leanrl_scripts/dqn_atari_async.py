@@ -602,7 +602,6 @@ class ActorProcess:
         return f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
 
 
-@torch.no_grad()
 def first_screen(envs):
     """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
@@ -619,6 +618,7 @@ def game_video(folder, first_frame, fps):
     return writer
 
 
+@torch.no_grad()
 def evaluate(q_network, args, device, video_folder=None):
     """Score of the first whole game in each of --eval-episodes envs: greedy on classic control; on Atari the true
     score at epsilon 0.05, the DQN paper's protocol (a greedy agent can stall, in Breakout by never firing a new

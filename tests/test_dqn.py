@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from functools import partial
+from types import SimpleNamespace
 
 import multiprocessing as mp
 import numpy as np
@@ -335,3 +336,15 @@ def test_the_replay_buffer_samples_the_newest_transitions_through_the_staging_an
             assert set(obs[:, 0].long().tolist()) == set(range(max(0, newest - 10), newest))
             assert torch.equal(rewards, obs[:, 0]) and torch.equal(next_obs, obs + 0.5)
             assert torch.equal(actions, obs[:, 0].long() % 2) and torch.equal(terminations, actions.float())
+
+
+def test_the_async_scripts_evaluation_keeps_no_autograd_graph():
+    """Evaluation acts with the learner's own network, whose weights require grad: outside no_grad every step would
+    record a graph for nothing."""
+    module = load_script(ASYNC)
+    q_network = module.QNetwork((1, 4), 2)
+    grad_enabled = []
+    q_network.register_forward_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
+    args = SimpleNamespace(env_id="CartPole-v1", eval_episodes=2, seed=1, env_backend="envpool")
+    returns = module.evaluate(q_network, args, torch.device("cpu"))
+    assert len(returns) == 2 and grad_enabled and not any(grad_enabled)
