@@ -4,7 +4,8 @@
 set -euo pipefail
 usage() {
     cat <<'TEXT'
-usage: ./run.sh [--learning [--seeds N]] [--quick | --smoke] [--results FOLDER]
+usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]]
+               [--quick | --smoke] [--results FOLDER]
 Runs every script in every speed mode (benchmarks/<algo>.sh), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
@@ -15,13 +16,16 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
                      (default: benchmarks/results/<machine-tag>/)
   --learning         the learning benchmark (full budgets: CleanRL's, days on a CPU; --quick: hours)
   --seeds N          with --learning: seeds 1..N of each task (default 3)
+  --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
+  --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
+  --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
   -h, --help         this text
   MODES="eager compile" ./run.sh ...   only those modes (default: all four)
 TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
 export BENCH_PROFILE=full
-learning=0 seeds=3 seeds_given=0
+learning=0 seeds=3 seeds_given=0 references=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -29,18 +33,22 @@ while [ $# -gt 0 ]; do
         --smoke) BENCH_PROFILE=smoke ;;
         --results) [ $# -ge 2 ] || refuse "--results needs a folder"; export RESULTS_DIR=$(realpath -m -- "$2"); shift ;;
         --learning) learning=1 ;;
+        --cleanrl|--leanrl|--reference-python)
+            [ $# -ge 2 ] || refuse "$1 needs a value"; references+=("$1" "$2"); shift ;;
         --seeds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || refuse "--seeds needs a whole number, 1 or more"; seeds=$2 seeds_given=1; shift ;;
         *) refuse "unknown argument '$1' (a results folder is named with --results FOLDER)" ;;
     esac
     shift
 done
 if [ "$seeds_given" = 1 ] && [ "$learning" = 0 ]; then refuse "--seeds counts the seeds of --learning"; fi
+if [ ${#references[@]} -gt 0 ] && [ "$learning" = 0 ]; then refuse "${references[0]} is an option of --learning"; fi
 cd "$(dirname "$0")"
 if [ "$BENCH_PROFILE" = smoke ] && [ -z "${RESULTS_DIR:-}" ]; then export RESULTS_DIR=$(mktemp -d); fi
 source benchmarks/lib.sh  # picks the machine's results folder unless one was given
 export RESULTS_DIR PYTHON
 if [ "$learning" = 1 ]; then
-    exec "$PYTHON" benchmarks/learning.py --profile "$BENCH_PROFILE" --seeds "$seeds" --results "$RESULTS_DIR/learning"
+    exec "$PYTHON" benchmarks/learning.py --profile "$BENCH_PROFILE" --seeds "$seeds" --results "$RESULTS_DIR/learning" \
+        ${references[@]+"${references[@]}"}
 fi
 for bench in benchmarks/*.sh; do
     if [ "$(basename "$bench")" != lib.sh ]; then bash "$bench"; fi

@@ -2,8 +2,8 @@
 collected into curves, a table of final returns and a chart per task.
 
     python benchmarks/learning.py [--profile quick|full|smoke] [--seeds N] [--only sac_pendulum,dqn_cartpole]
-                                  [--results FOLDER]
-    ./run.sh --learning [--quick | --smoke] [--seeds N] [--results FOLDER]    (the same, FOLDER/learning)
+                                  [--results FOLDER] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
+    ./run.sh --learning [--quick | --smoke] [--seeds N] [--results FOLDER] [...]    (the same, FOLDER/learning)
 
 Each run writes FOLDER/runs/<task>__seed<k>.json (the summary and the training returns from TensorBoard, with the
 seconds since the run's writer opened); a run whose file exists is not run again, so an interrupted profile goes on
@@ -12,6 +12,18 @@ over seeds as mean +- std, a 95% bootstrap confidence interval of the mean and t
 <task>.png (the training return against steps and against seconds: the mean over seeds as a line, the lowest and the
 highest seed as a band). Profiles: quick fits a 2-core CPU (hours with PPO Atari), full is CleanRL's budgets,
 smoke checks the files in about a minute.
+
+With --cleanrl and --leanrl (clones of vwxyzjn/cleanrl and pytorch-labs/LeanRL), each seed of a task also runs the
+reference scripts after ours: CleanRL's on every task but IMPALA (neither project has one), LeanRL's compiled SAC,
+TD3 and PPO continuous, read at the commits in REFERENCE_REPOS, with the same flags and seed. They were written for
+gymnasium 0.29 (and LeanRL's for tensordict of 2024): a shim put before each script makes gymnasium 1.x hand out
+what 0.29 did, and REFERENCE_PATCHES lists the few lines changed beyond it, each with its reason; a record keeps
+the commit, the command, the patches and the reference Python's package versions. LeanRL's scripts import torchrl,
+whose release for torch 2.13 needs tensordict<0.15 (ours takes 0.15): give them a Python of their own, e.g.
+    python -m venv ref && ref/bin/pip install torch==2.13.0 torchrl==0.14.1 "gymnasium[mujoco]" envpool tyro \\
+        tensorboard tqdm
+and --reference-python ref/bin/python. The references evaluate nothing, so the table compares every side on the
+mean training return of the last 20 episodes, the running mean LeanRL's scripts log (its last logged value).
 """
 
 import argparse
@@ -22,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -53,8 +66,116 @@ TASKS = {
     "impala_cartpole": ("impala_ray.py", {
         "smoke": IMPALA_CARTPOLE + ["--total-timesteps", 3000],
         "quick": IMPALA_CARTPOLE + ["--total-timesteps", 10**6]}),
+    # what a user gets who names only the env: every other flag at its default (10M steps)
+    "impala_cartpole_defaults": ("impala_ray.py", {"full": ["--env-id", "CartPole-v1"]}),
 }
 EVAL_EPISODES = {"smoke": 2, "quick": 10, "full": 10}
+
+# The reference scripts run on the same tasks with the same flags (less our --eval-episodes), at fixed commits:
+# side: (repository, commit, folder of its scripts, the repository's files they import, put beside them).
+REFERENCE_REPOS = {
+    "CleanRL": ("vwxyzjn/cleanrl", "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb", "cleanrl",
+                ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
+    "LeanRL": ("pytorch-labs/LeanRL", "8dbb6336b7f6cc65cdbbeb2e86637c38867e2677", "leanrl", []),
+}
+REFERENCES = {
+    "sac_pendulum": [("CleanRL", "sac_continuous_action"), ("LeanRL", "sac_continuous_action_torchcompile")],
+    "td3_pendulum": [("CleanRL", "td3_continuous_action"), ("LeanRL", "td3_continuous_action_torchcompile")],
+    "sac_halfcheetah": [("CleanRL", "sac_continuous_action"), ("LeanRL", "sac_continuous_action_torchcompile")],
+    "td3_halfcheetah": [("CleanRL", "td3_continuous_action"), ("LeanRL", "td3_continuous_action_torchcompile")],
+    "ppo_continuous_hopper": [("CleanRL", "ppo_continuous_action"), ("LeanRL", "ppo_continuous_action_torchcompile")],
+    "dqn_cartpole": [("CleanRL", "dqn")],
+    "ppo_atari_breakout": [("CleanRL", "ppo_atari_envpool")],
+}  # IMPALA has no script in either project
+# Prepended to every reference script: gymnasium 1.x's vector env made to hand out what 0.29's did, for which these
+# scripts were written (the final step's observation and episode statistics in the same step, `final_observation`
+# and `final_info` as one entry per env, None where no episode ended). The scripts' own lines stay as they are.
+GYMNASIUM_029_SHIM = """\
+import gymnasium as _gym
+import numpy as _np
+
+
+def _entry(info, i):
+    return {key: _entry(value, i) if isinstance(value, dict) else value[i]
+            for key, value in info.items() if not key.startswith("_")}
+
+
+class _SyncVectorEnv029(_gym.vector.SyncVectorEnv):
+    def __init__(self, env_fns, **kwargs):
+        super().__init__(env_fns, autoreset_mode=_gym.vector.AutoresetMode.SAME_STEP, **kwargs)
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, infos = super().step(actions)
+        if "final_obs" in infos:
+            infos["final_observation"] = infos.pop("final_obs")
+            final, ended = infos.pop("final_info"), infos.pop("_final_info")
+            per_env = _np.full(self.num_envs, None, dtype=object)
+            for i in _np.flatnonzero(ended):
+                per_env[i] = _entry(final, i)
+            infos["final_info"] = per_env
+        return obs, rewards, terminations, truncations, infos
+
+
+_gym.vector.SyncVectorEnv = _SyncVectorEnv029
+# (end of the shim; the script follows unchanged but for the lines benchmarks/learning.py lists)
+"""
+# Line patches a script needs beyond the shim: (old, new, why).
+CLIP_OBS_SPACE = ("gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+                  "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+                  "gymnasium 1.x's TransformObservation takes the observation space")
+DETACHED_ACTOR_NO_GRAD = ("    from_module(actor).data.to_module(actor_detach)\n",
+                          "    from_module(actor).data.to_module(actor_detach)\n    actor_detach.requires_grad_(False)\n",
+                          "tensordict 0.14's to_module puts the copied weights back as parameters that require grad")
+REFERENCE_PATCHES = {
+    "sac_continuous_action_torchcompile": [
+        DETACHED_ACTOR_NO_GRAD,
+        ('TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])',
+         'TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], in_keys=["observation"], out_keys=["action"])',
+         "tensordict since 0.7 refuses more outputs than out_keys (it had dropped the other two)")],
+    "td3_continuous_action_torchcompile": [DETACHED_ACTOR_NO_GRAD],
+    "ppo_continuous_action": [CLIP_OBS_SPACE],
+    "ppo_continuous_action_torchcompile": [CLIP_OBS_SPACE, (
+        "    agent_inference_p.to_module(agent_inference)\n",
+        "    agent_inference_p.to_module(agent_inference)\n    agent_inference.requires_grad_(False)\n",
+        DETACHED_ACTOR_NO_GRAD[2])],
+    "ppo_atari_envpool": [
+        ("import gym\n", "import gymnasium as gym\n", "gym 0.x is not installed; envpool 1.2 speaks gymnasium"),
+        ('env_type="gym",', 'env_type="gymnasium",', "envpool's gymnasium API"),
+        ("        observations = super().reset(**kwargs)\n", "        observations, _ = super().reset(**kwargs)\n",
+         "gymnasium's reset returns (observations, infos)"),
+        ("        observations, rewards, dones, infos = super().step(action)\n",
+         "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
+         "        dones = terminations | truncations\n", "gymnasium's step returns terminations and truncations"),
+        ("    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
+         "    envs.single_observation_space = envs.observation_space\n    envs = RecordEpisodeStatistics(envs)\n",
+         "    envs = RecordEpisodeStatistics(envs)\n    envs.single_action_space = envs.action_space\n"
+         "    envs.single_observation_space = envs.observation_space\n",
+         "envpool's gymnasium env has num_envs and takes no new attributes; the wrapper does"),
+    ],
+}
+# LeanRL's scripts log to Weights & Biases only, the running mean of the last 20 episodes' returns ("episode_return");
+# this stands in for wandb beside the script and keeps those logs with their step and time.
+WANDB_LOG_STUB = """\
+import json
+import time
+
+_start = time.time()
+
+
+def init(*args, **kwargs):
+    pass
+
+
+def log(data, step=None, **kwargs):
+    if "episode_return" in data:
+        with open("wandb_log.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "seconds": time.time() - _start,
+                                "episode_return": float(data["episode_return"])}) + "\\n")
+
+
+def finish(*args, **kwargs):
+    pass
+"""
 
 
 def train_returns(run_dir):
@@ -70,40 +191,129 @@ def train_returns(run_dir):
     return [row.step for row in rows], [row.wall_time - start for row in rows], [row.value for row in rows]
 
 
-def run_task(task, seed, profile, folder, python):
-    """One run of `task` with `seed` in a scratch folder; its record in FOLDER/runs/<task>__seed<seed>.json."""
-    script, budgets = TASKS[task]
-    record_path = os.path.join(folder, "runs", f"{task}__seed{seed}.json")
+PACKAGE_VERSIONS = """\
+from importlib.metadata import PackageNotFoundError, version
+names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl"]
+found = []
+for name in names:
+    try:
+        found.append(f"{name} {version(name)}")
+    except PackageNotFoundError:
+        pass
+print(", ".join(found))
+"""
+
+
+def git_show(repo_dir, commit, path):
+    return subprocess.run(["git", "-C", repo_dir, "show", f"{commit}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def reference_script(side, task, repo_dir):
+    """(its path in the repository, the patched text, the patches' reasons) of `side`'s script for `task`, read at
+    the fixed commit from `repo_dir` (a clone or mirror of the repository)."""
+    name = dict(REFERENCES[task])[side]
+    _, commit, scripts, _ = REFERENCE_REPOS[side]
+    path = f"{scripts}/{name}.py"
+    text = git_show(repo_dir, commit, path)
+    reasons = ["prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
+               "final_observation and final_info (benchmarks/learning.py, GYMNASIUM_029_SHIM)"]
+    for old, new, why in REFERENCE_PATCHES.get(name, []):
+        if old not in text:
+            raise SystemExit(f"error: {side}'s {path} at {commit[:8]} no longer has the line patched for: {why}")
+        text = text.replace(old, new, 1)
+        reasons.append(f"{old.strip()!r} -> {new.strip()!r}: {why}")
+    return path, GYMNASIUM_029_SHIM + text, reasons
+
+
+def logged_running_means(workdir):
+    """(steps, seconds, values) of the stub's wandb log: LeanRL's running mean of the last 20 episodes."""
+    rows = []
+    if os.path.exists(os.path.join(workdir, "wandb_log.jsonl")):
+        with open(os.path.join(workdir, "wandb_log.jsonl")) as f:
+            rows = [row for row in map(json.loads, f) if np.isfinite(row["episode_return"])]
+    return [row["step"] for row in rows], [row["seconds"] for row in rows], [row["episode_return"] for row in rows]
+
+
+def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, reference_python=None):
+    """One run of `task` with `seed` in a scratch folder, by our script or by `side`'s (a reference: CleanRL or
+    LeanRL, read from the clone `repo_dir`, run by `reference_python`); its record in
+    FOLDER/runs/<task>[__<side>]__seed<seed>.json."""
+    tag = "" if side == "ours" else f"__{side.lower()}"
+    record_path = os.path.join(folder, "runs", f"{task}{tag}__seed{seed}.json")
     if os.path.exists(record_path):
-        print(f"{task} seed {seed}: done before ({record_path})", flush=True)
+        print(f"{task} {side} seed {seed}: done before ({record_path})", flush=True)
         return
-    flags = [*map(str, budgets[profile]), "--eval-episodes", str(EVAL_EPISODES[profile])]
-    command = [python, os.path.join(ROOT, "leanrl_scripts", script), *flags, "--seed", str(seed)]
+    flags = [*map(str, TASKS[task][1][profile])]
+    record = {"task": task, "seed": seed, "profile": profile, "side": side}
     with tempfile.TemporaryDirectory() as workdir:
-        proc = subprocess.run(command, cwd=workdir, stdout=subprocess.PIPE, text=True)
+        if side == "ours":
+            script = f"leanrl_scripts/{TASKS[task][0]}"
+            flags += ["--eval-episodes", str(EVAL_EPISODES[profile])]
+        else:
+            script, text, patches = reference_script(side, task, repo_dir)
+            repository, commit, _, support = REFERENCE_REPOS[side]
+            record.update(repository=repository, commit=commit, patches=patches,
+                          packages=subprocess.run([reference_python, "-c", PACKAGE_VERSIONS], capture_output=True,
+                                                  text=True).stdout.strip())
+            for path, content in [(os.path.basename(script), text),
+                                  *[(file, git_show(repo_dir, commit, file)) for file in support]]:
+                os.makedirs(os.path.dirname(os.path.join(workdir, path)), exist_ok=True)
+                with open(os.path.join(workdir, path), "w") as f:
+                    f.write(content)
+            with open(os.path.join(workdir, "wandb.py"), "w") as f:
+                f.write(WANDB_LOG_STUB)
+        path = os.path.join(ROOT, script) if side == "ours" else os.path.join(workdir, os.path.basename(script))
+        command = [python if side == "ours" else reference_python, path, *flags, "--seed", str(seed)]
+        started = time.time()
+        proc = subprocess.run(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seconds = time.time() - started
         speed = [line for line in proc.stdout.splitlines() if line.startswith("SPEED ")]
-        if proc.returncode or not speed:
-            raise SystemExit(f"error: {task} seed {seed} failed (exit code {proc.returncode}): {' '.join(command)}")
-        summary = json.loads(speed[-1][len("SPEED "):])
-        steps, seconds, returns = train_returns(glob.glob(os.path.join(workdir, "runs", "*"))[0])
-    record = {"task": task, "seed": seed, "profile": profile, "command": " ".join([f"leanrl_scripts/{script}", *flags]),
-              "summary": summary,
-              "steps": steps, "seconds": seconds, "returns": returns}
+        if proc.returncode or (side == "ours" and not speed):
+            raise SystemExit(f"error: {task} {side} seed {seed} failed (exit code {proc.returncode}): "
+                             f"{' '.join(command)}\n{proc.stderr[-2000:]}")
+        tensorboard = glob.glob(os.path.join(workdir, "runs", "*"))
+        steps, times, returns = train_returns(tensorboard[0]) if tensorboard else ([], [], [])
+        if not returns and side != "ours":
+            steps, times, returns = logged_running_means(workdir)
+            record["returns_kind"] = "running mean of the last 20 episodes (LeanRL's wandb log)"
+    record.update(command=" ".join([script, *flags]), total_seconds=seconds, steps=steps, seconds=times,
+                  returns=returns, steps_done=int(flags[flags.index("--total-timesteps") + 1])
+                  if "--total-timesteps" in flags else None)
+    if side == "ours":
+        record["summary"] = json.loads(speed[-1][len("SPEED "):])
+        record["steps_done"] = record["summary"]["steps_done"]
     os.makedirs(os.path.dirname(record_path), exist_ok=True)
     with open(record_path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(record_path + ".tmp", record_path)
-    print(f"{task} seed {seed}: eval return {summary['eval_return_mean']}, {summary['sps']:.0f} SPS", flush=True)
+    final = record["summary"]["eval_return_mean"] if side == "ours" else final_training_return(record)
+    print(f"{task} {side} seed {seed}: {'eval' if side == 'ours' else 'final training'} return {final}, "
+          f"{seconds / 60:.1f} minutes", flush=True)
 
 
 def load_records(folder):
-    """{task: [record, ...]} in seed order."""
+    """{task: {side: [record, ...]}}, ours first, each side in seed order. Records from before the references
+    (no side, no process time) read as ours with the summary's figures."""
     records = {}
     for path in sorted(glob.glob(os.path.join(folder, "runs", "*__seed*.json"))):
         with open(path) as f:
             record = json.load(f)
-        records.setdefault(record["task"], []).append(record)
-    return {task: sorted(runs, key=lambda record: record["seed"]) for task, runs in records.items()}
+        if "side" not in record:
+            record.update(side="ours", total_seconds=record["summary"]["total_seconds"],
+                          steps_done=record["summary"]["steps_done"])
+        records.setdefault(record["task"], {}).setdefault(record["side"], []).append(record)
+    return {task: {side: sorted(sides[side], key=lambda record: record["seed"])
+                   for side in sorted(sides, key=lambda side: side != "ours")} for task, sides in records.items()}
+
+
+def final_training_return(record, window=20):
+    """The mean return of the run's last `window` training episodes, the end of its line in the chart (LeanRL: the
+    last running mean of 20 it logged): what every side logs, so ours and the references compare on it."""
+    returns = record["returns"]
+    if not returns:
+        return float("nan")
+    return float(returns[-1]) if "returns_kind" in record else float(smoothed(returns, window)[-1])
 
 
 def interquartile_mean(values):
@@ -120,51 +330,73 @@ def bootstrap_interval(values, resamples=10_000, seed=0):
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+def mean_std_interval(values):
+    low, high = bootstrap_interval(values)
+    return f"{np.mean(values):.1f} +- {np.std(values):.1f} | [{low:.1f}, {high:.1f}] | {interquartile_mean(values):.1f}"
+
+
 def final_table(records):
-    lines = ["| task | script, env | steps | seeds | final eval return, mean +- std | 95% CI of the mean | IQM | "
-             "minutes a run (median) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for task, runs in records.items():
-        finals = [run["summary"]["eval_return_mean"] for run in runs]
-        low, high = bootstrap_interval(finals)
-        first = runs[0]["summary"]
-        minutes = np.median([run["summary"]["total_seconds"] for run in runs]) / 60
-        lines.append(f"| {task} | {first['script']}, {first['env_id']} | {first['steps_done']} | {len(runs)} | "
-                     f"{np.mean(finals):.1f} +- {np.std(finals):.1f} | [{low:.1f}, {high:.1f}] | "
-                     f"{interquartile_mean(finals):.1f} | {minutes:.1f} |")
-    commands = [f"- {task}: `python {runs[0]['command']} --seed S`, S = {', '.join(str(run['seed']) for run in runs)}"
-                for task, runs in records.items()]
+    """Per task and side: the final evaluation (ours; the references have none) and the final training return, each
+    as mean +- std over seeds, a 95% bootstrap interval of the mean and the IQM."""
+    lines = ["| task | side: script, env | steps | seeds | final eval return, mean +- std | 95% CI of the mean | IQM | "
+             "final training return (last 20 episodes), mean +- std | 95% CI of the mean | IQM | "
+             "minutes a run (median) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    commands = []
+    for task, sides in records.items():
+        env_id = sides["ours"][0]["summary"]["env_id"] if "ours" in sides else "its default env"
+        for side, runs in sides.items():
+            first = runs[0]
+            script = first["summary"]["script"] if side == "ours" else os.path.basename(first["command"].split()[0])
+            evaluation = (mean_std_interval([run["summary"]["eval_return_mean"] for run in runs]) if side == "ours"
+                          else "none | | ")
+            training = mean_std_interval([final_training_return(run) for run in runs])
+            minutes = np.median([run["total_seconds"] for run in runs]) / 60
+            lines.append(f"| {task} | {side}: {script}, {env_id} | {first['steps_done']} | {len(runs)} | {evaluation} | "
+                         f"{training} | {minutes:.1f} |")
+            where = "" if side == "ours" else f" ({first['repository']} at {first['commit'][:8]}, patched as its record says)"
+            commands.append(f"- {task}, {side}: `python {first['command']} --seed S`{where}, "
+                            f"S = {', '.join(str(run['seed']) for run in runs)}")
     return "\n".join(lines + ["", "Commands:", *commands]) + "\n"
 
 
-def smoothed(returns, window=10):
-    """Each episode's return as the mean of the last `window` episodes, the usual reading of a noisy curve."""
+def smoothed(returns, window=20):
+    """Each episode's return as the mean of the last `window` episodes: the running mean LeanRL's scripts log, so
+    every side's line is the same measure."""
     sums = np.cumsum(np.insert(np.asarray(returns, dtype=float), 0, 0))
     counts = np.minimum(np.arange(1, len(returns) + 1), window)
     return (sums[1:] - sums[np.arange(1, len(returns) + 1) - counts]) / counts
 
 
-def chart(task, runs, path):
-    """Two panels: the smoothed training return against steps and against seconds; over seeds, a line for the mean
-    and a band from the lowest to the highest, on the range every seed covers."""
+COLORS = {"ours": "#4c72b0", "CleanRL": "#dd8452", "LeanRL": "#55a868"}
+
+
+def chart(task, sides, path):
+    """Two panels: the training return against steps and against seconds; per side, over seeds, a line for the mean
+    and a band from the lowest to the highest seed, on the range every seed covers. Each line is the mean return of
+    the last 20 episodes: episode returns smoothed so, LeanRL's as it logged it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for axis, key, label in ((axes[0], "steps", "env steps"), (axes[1], "seconds", "seconds")):
-        curves = [(np.asarray(run[key], dtype=float), smoothed(run["returns"])) for run in runs if len(run["returns"])]
-        if not curves:
-            continue
-        grid = np.linspace(max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves), 100)
-        values = np.stack([np.interp(grid, x, y) for x, y in curves])
-        axis.fill_between(grid, values.min(0), values.max(0), alpha=0.25, color="#4c72b0", linewidth=0)
-        axis.plot(grid, values.mean(0), color="#4c72b0", label=f"ours, {len(curves)} seeds")
+        for side, runs in sides.items():
+            curves = [(np.asarray(run[key], dtype=float),
+                       np.asarray(run["returns"], dtype=float) if "returns_kind" in run else smoothed(run["returns"]))
+                      for run in runs if len(run["returns"])]
+            if not curves:
+                continue
+            grid = np.linspace(max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves), 100)
+            values = np.stack([np.interp(grid, x, y) for x, y in curves])
+            color = COLORS.get(side, "#8c8c8c")
+            axis.fill_between(grid, values.min(0), values.max(0), alpha=0.2, color=color, linewidth=0)
+            axis.plot(grid, values.mean(0), color=color, label=f"{side}, {len(curves)} seeds")
         axis.set_xlabel(label)
-        axis.set_ylabel("episodic return")
+        axis.set_ylabel("training return (last 20 episodes)")
         axis.legend(loc="lower right", fontsize=8)
-    summary = runs[0]["summary"]
-    fig.suptitle(f"{task}: {summary['script']} on {summary['env_id']}", fontsize=10)
+    ours = sides.get("ours", [{}])[0].get("summary", {})
+    fig.suptitle(f"{task}: {ours.get('script', '')} on {ours.get('env_id', '')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -174,18 +406,20 @@ def collect(folder):
     records = load_records(folder)
     with open(os.path.join(folder, "curves.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["task", "script", "env_id", "seed", "step", "seconds", "return"])
-        for task, runs in records.items():
-            for run in runs:
-                for step, seconds, value in zip(run["steps"], run["seconds"], run["returns"]):
-                    writer.writerow([task, run["summary"]["script"], run["summary"]["env_id"], run["seed"], step,
-                                     f"{seconds:.3f}", value])
+        writer.writerow(["task", "side", "script", "seed", "step", "seconds", "return", "kind"])
+        for task, sides in records.items():
+            for side, runs in sides.items():
+                for run in runs:
+                    script = run["command"].split()[0]
+                    kind = run.get("returns_kind", "episode")
+                    for step, seconds, value in zip(run["steps"], run["seconds"], run["returns"]):
+                        writer.writerow([task, side, script, run["seed"], step, f"{seconds:.3f}", value, kind])
     table = final_table(records)
     with open(os.path.join(folder, "final.md"), "w") as f:
         f.write(table)
     try:
-        for task, runs in records.items():
-            chart(task, runs, os.path.join(folder, f"{task}.png"))
+        for task, sides in records.items():
+            chart(task, sides, os.path.join(folder, f"{task}.png"))
     except ModuleNotFoundError:
         print("note: matplotlib is not installed (pip install '.[dev]'): no charts", file=sys.stderr)
     print(table, end="")
@@ -197,17 +431,30 @@ def main():
     parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N of each task")
     parser.add_argument("--only", default="", help="comma-separated tasks from: " + ", ".join(TASKS))
     parser.add_argument("--results", help="default: benchmarks/results/<machine-tag>/learning")
+    for side, (repository, commit, _, _) in REFERENCE_REPOS.items():
+        parser.add_argument(f"--{side.lower()}", metavar="CLONE", help=f"a clone of {repository} (it needs "
+                            f"{commit[:8]}): run its scripts on the same tasks and seeds, after ours, seed by seed")
+    parser.add_argument("--reference-python", default=sys.executable,
+                        help="the Python that runs the references (LeanRL's need torchrl 0.14, which needs "
+                        "tensordict<0.15; default: this one)")
     args = parser.parse_args()
     tasks = args.only.split(",") if args.only else [task for task in TASKS if args.profile in TASKS[task][1]]
     if unknown := [task for task in tasks if task not in TASKS or args.profile not in TASKS[task][1]]:
         parser.error(f"no {args.profile} budget for {', '.join(unknown)}")
     if args.seeds < 1:
         parser.error("--seeds must be 1 or more")
+    clones = {side: getattr(args, side.lower()) for side in REFERENCE_REPOS if getattr(args, side.lower())}
+    for side, clone in clones.items():
+        commit = REFERENCE_REPOS[side][1]
+        if subprocess.run(["git", "-C", clone, "cat-file", "-e", commit], capture_output=True).returncode:
+            parser.error(f"--{side.lower()} {clone}: not a clone of {REFERENCE_REPOS[side][0]} with {commit[:8]}")
     folder = args.results or os.path.join(ROOT, "benchmarks", "results", machine_tag(), "learning")
     os.makedirs(folder, exist_ok=True)
     for task in tasks:
+        references = [(side, clones[side]) for side, _ in REFERENCES.get(task, []) if side in clones]
         for seed in range(1, args.seeds + 1):
-            run_task(task, seed, args.profile, folder, sys.executable)
+            for side, clone in [("ours", None), *references]:
+                run_task(task, seed, args.profile, folder, sys.executable, side, clone, args.reference_python)
     collect(folder)
 
 

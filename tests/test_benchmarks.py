@@ -174,3 +174,148 @@ def test_the_learning_tables_statistics_against_plain_definitions():
     assert high == pytest.approx(np.percentile(means, 97.5), abs=3.0)
     assert low < np.mean(values) < high
     assert learning.smoothed([1.0, 3.0, 5.0, 7.0], window=2).tolist() == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_the_reference_shim_hands_out_what_gymnasium_029_did_against_envs_stepped_by_hand(tmp_path):
+    """The reference scripts run with gymnasium 1.x behind learning.py's shim: at the step an episode ends, its
+    env's entry of final_info has the episode's return and length, final_observation has its last observation, the
+    observation handed out is the next episode's first (the same-step autoreset the scripts were written for), and
+    the other envs' entries are None. Checked against two envs stepped and reset by hand."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+
+    script = learning.GYMNASIUM_029_SHIM + """
+import json
+import gymnasium as gym
+import numpy as np
+
+def make(seed):
+    def thunk():
+        return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
+    return thunk
+
+envs = gym.vector.SyncVectorEnv([make(0), make(1)])
+obs, _ = envs.reset(seed=[3, 4])
+plain = [gym.make("CartPole-v1"), gym.make("CartPole-v1")]
+plain_obs = [plain[i].reset(seed=3 + i)[0] for i in range(2)]
+returns, lengths, checked = [0.0, 0.0], [0, 0], 0
+for step in range(300):
+    actions = np.array([(step // 3) % 2, (step // 5) % 2])
+    obs, rewards, terminations, truncations, infos = envs.step(actions)
+    for i in range(2):
+        o, r, te, tr, _ = plain[i].step(int(actions[i]))
+        returns[i] += r
+        lengths[i] += 1
+        if te or tr:
+            entry = infos["final_info"][i]
+            assert entry["episode"]["r"] == returns[i] and entry["episode"]["l"] == lengths[i], (entry, returns)
+            assert np.allclose(infos["final_observation"][i], o)
+            o, _ = plain[i].reset()
+            returns[i], lengths[i], checked = 0.0, 0, checked + 1
+        elif "final_info" in infos:
+            assert infos["final_info"][i] is None
+        assert np.allclose(obs[i], o)
+print(json.dumps({"episodes": checked}))
+"""
+    (tmp_path / "shim_check.py").write_text(script)
+    proc = subprocess.run([sys.executable, "shim_check.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["episodes"] >= 10
+
+
+FAKE_CLEANRL_DQN = """\
+# stands in for CleanRL's dqn.py: the 0.29-style loop, returns to TensorBoard
+import argparse
+import gymnasium as gym
+import numpy as np
+from cleanrl_utils.buffers import ReplayBuffer  # noqa: F401  (put beside the script from the same commit)
+from torch.utils.tensorboard import SummaryWriter
+
+parser = argparse.ArgumentParser()
+for flag in ("--total-timesteps", "--learning-starts", "--seed"):
+    parser.add_argument(flag, type=int)
+args = parser.parse_args()
+envs = gym.vector.SyncVectorEnv([lambda: gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))])
+envs.reset(seed=args.seed)
+writer = SummaryWriter("runs/fake")
+for global_step in range(args.total_timesteps):
+    obs, rewards, terminations, truncations, infos = envs.step(np.array([global_step % 2]))
+    if "final_info" in infos:
+        for info in infos["final_info"]:
+            if info and "episode" in info:
+                writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+writer.close()
+"""
+FAKE_LEANRL_SAC = """\
+# stands in for LeanRL's compiled SAC: returns only as wandb's running mean, none before the first episode
+import argparse
+import math
+import wandb
+
+parser = argparse.ArgumentParser()
+for flag in ("--env-id", "--total-timesteps", "--learning-starts", "--batch-size", "--seed"):
+    parser.add_argument(flag)
+args = parser.parse_args()
+wandb.init(project="fake")
+for step in range(0, int(args.total_timesteps), 100):
+    wandb.log({"episode_return": float("nan") if step < 200 else -step / 10 + int(args.seed), "speed": 1.0}, step=step)
+"""
+
+
+def fake_repository(path, files):
+    path.mkdir()
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "fake"], check=True)
+    return subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(tmp_path, monkeypatch):
+    """References read from a clone at the pinned commit, patched, run with the task's flags and seed: CleanRL's
+    curve comes from its TensorBoard, LeanRL's from the wandb stand-in (its running mean, NaN left out), each kept as
+    a record with the commit, command and patches; the table has a row per side with the final training return of
+    the records' own curves; a line the patches need that is gone stops the run with one error."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+
+    cleanrl = fake_repository(tmp_path / "cleanrl", {"cleanrl/dqn.py": FAKE_CLEANRL_DQN,
+                                                     "cleanrl_utils/__init__.py": "", "cleanrl_utils/buffers.py":
+                                                     "class ReplayBuffer:\n    pass\n"})
+    leanrl = fake_repository(tmp_path / "leanrl", {"leanrl/sac_continuous_action_torchcompile.py": FAKE_LEANRL_SAC})
+    monkeypatch.setitem(learning.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl",
+                                                              ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]))
+    monkeypatch.setitem(learning.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
+    monkeypatch.setitem(learning.REFERENCE_PATCHES, "sac_continuous_action_torchcompile", [])
+    folder = tmp_path / "results"
+    for seed in (1, 2):
+        learning.run_task("dqn_cartpole", seed, "smoke", str(folder), sys.executable, "CleanRL",
+                          str(tmp_path / "cleanrl"), sys.executable)
+        learning.run_task("sac_pendulum", seed, "smoke", str(folder), sys.executable, "LeanRL",
+                          str(tmp_path / "leanrl"), sys.executable)
+    dqn = json.loads((folder / "runs" / "dqn_cartpole__cleanrl__seed1.json").read_text())
+    assert dqn["commit"] == cleanrl and dqn["command"] == "cleanrl/dqn.py --total-timesteps 2000 --learning-starts 500"
+    assert dqn["steps_done"] == 2000 and len(dqn["returns"]) > 20 and "returns_kind" not in dqn
+    assert dqn["patches"][0].startswith("prepended: gymnasium 1.x's SyncVectorEnv")
+    sac = json.loads((folder / "runs" / "sac_pendulum__leanrl__seed2.json").read_text())
+    assert sac["steps"] == list(range(200, 400, 100)) and sac["returns"] == [-20 + 2, -30 + 2]
+    assert sac["returns_kind"].startswith("running mean")
+    assert learning.final_training_return(sac) == -28.0  # LeanRL's: the last running mean it logged
+    assert learning.final_training_return(dqn) == pytest.approx(np.mean(dqn["returns"][-20:]))  # the last 20 episodes
+    learning.collect(str(folder))
+    table = (folder / "final.md").read_text()
+    rows = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
+    finals = [learning.final_training_return(json.loads((folder / "runs" / f"sac_pendulum__leanrl__seed{seed}.json")
+                                                        .read_text())) for seed in (1, 2)]
+    assert f"| 2 | none | |  | {np.mean(finals):.1f} +- {np.std(finals):.1f} |" in rows[
+        "LeanRL: sac_continuous_action_torchcompile.py, its default env"]
+    assert "CleanRL: dqn.py, its default env" in rows and (folder / "dqn_cartpole.png").stat().st_size > 10_000
+    with open(folder / "curves.csv") as f:
+        assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "LeanRL"}
+    monkeypatch.setitem(learning.REFERENCE_PATCHES, "dqn", [("a line it lost\n", "", "a fix it needed")])
+    with pytest.raises(SystemExit, match="no longer has the line patched for: a fix it needed"):
+        learning.run_task("dqn_cartpole", 3, "smoke", str(folder), sys.executable, "CleanRL",
+                          str(tmp_path / "cleanrl"), sys.executable)

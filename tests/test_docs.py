@@ -13,6 +13,7 @@ from conftest import ROOT, SCRIPTS
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py.
 OTHER_COMMANDS = {"--head", "--address", "--force", "--quick", "--smoke", "--results", "--learning", "--seeds", "--help",
+                  "--cleanrl", "--leanrl", "--reference-python",
                   "--logdir", "--busy"}
 # "Flags every script has", but for these scripts, whose row names what they have instead.
 EXCEPT_IN = {"--num-envs": {"impala_ray.py"}}
