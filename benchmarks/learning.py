@@ -256,10 +256,10 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
             record.update(repository=repository, commit=commit, patches=patches,
                           packages=subprocess.run([reference_python, "-c", PACKAGE_VERSIONS], capture_output=True,
                                                   text=True).stdout.strip())
-            for path, content in [(os.path.basename(script), text),
+            for name, content in [(os.path.basename(script), text),
                                   *[(file, git_show(repo_dir, commit, file)) for file in support]]:
-                os.makedirs(os.path.dirname(os.path.join(workdir, path)), exist_ok=True)
-                with open(os.path.join(workdir, path), "w") as f:
+                os.makedirs(os.path.dirname(os.path.join(workdir, name)), exist_ok=True)
+                with open(os.path.join(workdir, name), "w") as f:
                     f.write(content)
             with open(os.path.join(workdir, "wandb.py"), "w") as f:
                 f.write(WANDB_LOG_STUB)

@@ -189,15 +189,14 @@ import json
 import gymnasium as gym
 import numpy as np
 
-def make(seed):
-    def thunk():
-        return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
-    return thunk
+def make():
+    return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
 
-envs = gym.vector.SyncVectorEnv([make(0), make(1)])
+envs = gym.vector.SyncVectorEnv([make, make])
 obs, _ = envs.reset(seed=[3, 4])
 plain = [gym.make("CartPole-v1"), gym.make("CartPole-v1")]
-plain_obs = [plain[i].reset(seed=3 + i)[0] for i in range(2)]
+for i in range(2):
+    plain[i].reset(seed=3 + i)
 returns, lengths, checked = [0.0, 0.0], [0, 0], 0
 for step in range(300):
     actions = np.array([(step // 3) % 2, (step // 5) % 2])
