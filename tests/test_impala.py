@@ -73,6 +73,24 @@ def test_vtrace_on_policy_is_the_bootstrapped_return():
     np.testing.assert_allclose(pg.numpy(), rewards + discounts * next_returns - values, rtol=1e-5, atol=1e-5)
 
 
+def test_reward_scale_divides_by_the_std_of_every_discounted_return_so_far():
+    """Against the variance of all the discounted returns seen, pooled with the prior (variance 1, weight 1e-4) in
+    one formula, with episodes ending at random steps of different envs."""
+    rng = np.random.default_rng(3)
+    gamma, steps, num_envs = 0.9, 60, 4
+    rewards = rng.normal(2.0, 3.0, (steps, num_envs))
+    dones = (rng.random((steps, num_envs)) < 0.1).astype(np.float32)
+    scale = load_script(SCRIPT).RewardScale(num_envs, gamma)
+    discounted, seen = np.zeros(num_envs), []
+    for t in range(steps):
+        discounted = gamma * discounted + rewards[t]
+        seen.extend(discounted)
+        discounted = discounted * (1 - dones[t])
+        mean = np.sum(seen) / (len(seen) + 1e-4)
+        variance = (1e-4 * (1 + mean**2) + np.sum((np.array(seen) - mean) ** 2)) / (len(seen) + 1e-4)
+        np.testing.assert_allclose(scale(rewards[t], dones[t]), rewards[t] / np.sqrt(variance + 1e-8), rtol=1e-9)
+
+
 def step_by_step(agent, obs, state, dones):
     """The actors' way through the core: one step at a time, the state zeroed after a step that ends an episode."""
     logits, values = [], []
