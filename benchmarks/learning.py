@@ -391,7 +391,8 @@ def chart(task, sides, path):
             values = np.stack([np.interp(grid, x, y) for x, y in curves])
             color = COLORS.get(side, "#8c8c8c")
             axis.fill_between(grid, values.min(0), values.max(0), alpha=0.2, color=color, linewidth=0)
-            axis.plot(grid, values.mean(0), color=color, label=f"{side}, {len(curves)} seeds")
+            plural = "s" if len(curves) > 1 else ""
+            axis.plot(grid, values.mean(0), color=color, label=f"{side}, {len(curves)} seed{plural}")
         axis.set_xlabel(label)
         axis.set_ylabel("training return (last 20 episodes)")
         axis.legend(loc="lower right", fontsize=8)
