@@ -96,8 +96,8 @@ class Args:
     runs that swung between 200 and 500 into ones that stay near 500)"""
     norm_reward: bool = True
     """flat observations: divide the rewards by a running std of the discounted return (Atari's are clipped to their
-    sign instead). On CartPole the value targets then stay near 3, not 100: unscaled, the runs that reached 500 fell
-    back to 150-250 within a million steps"""
+    sign instead). On CartPole the value targets then stay near 3, not 100: unscaled, runs that rose above 300 often
+    fell back to 150-250 within a million steps"""
     ent_coef: float = 0.01
     """coefficient of the entropy bonus"""
     vf_coef: float = 0.5
