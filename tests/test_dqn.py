@@ -116,6 +116,28 @@ def test_the_actors_device_copy_takes_the_learners_weights_once_per_write():
     assert torch.equal(device_copy.network(obs), learner(obs))
 
 
+def test_the_learners_mirror_of_the_storage_samples_what_the_shared_one_holds():
+    """On CUDA the learner samples a device copy of the shared storage, brought up to date before each batch from the
+    rows the actor counted: the first time more steps than the storage has rows, then a few, up to and across the
+    wrap. Here the copy is on the CPU: it must hold every row the shared storage does, and with the same random
+    numbers give the same batches."""
+    module = load_script(ASYNC)
+    rb = module.FrameReplay(40, 2, (4, 3, 3), torch.uint8, 3)  # 20 rows per env, 3 extra, 4 for the stacks
+    mirror, rng, step = rb.mirror(torch.device("cpu")), np.random.default_rng(0), 0
+    for chunk in (60, 1, 5, 20, 27, 13, 2):
+        for _ in range(chunk):
+            rb.add(step, rng.integers(0, 256, (2, 4, 3, 3), dtype=np.uint8), rng.integers(0, 4, 2),
+                   rng.random(2, dtype=np.float32), rng.random(2) < 0.1, rng.random(2) < 0.1)
+            step += 1
+        mirror.catch_up(rb, step)
+        assert all(torch.equal(getattr(mirror, name), getattr(rb, name)) for name in rb.columns)
+        batches = []
+        for storage in (rb, mirror):
+            torch.manual_seed(step)
+            batches.append(storage.sample(step, 16))
+        assert all(torch.equal(shared, mirrored) for shared, mirrored in zip(*batches))
+
+
 def test_update_equals_a_plain_td_step():
     module = load_script(SCRIPT)
     torch.manual_seed(0)

@@ -172,7 +172,7 @@ def test_storage_rebuilds_the_stacks_the_env_returned(case):
         checked += int(valid.sum())
         assert (~valid).sum() >= 1 and rb.first[stored % rows, lane].sum() >= 1  # reset steps, new stacks
     assert checked > 550
-    batch = rb.sample(steps, 64, torch.device("cpu")) if script == ASYNC else rb.sample(steps, 64)
+    batch = rb.sample(steps, 64)
     assert batch[0].shape == (64, *seen[0].shape[1:]) and batch[3].shape == (64, *seen[0].shape[1:])
     envs.close()
 
