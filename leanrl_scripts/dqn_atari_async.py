@@ -922,7 +922,7 @@ if __name__ == "__main__":
     q_network = QNetwork(obs_space.shape, num_actions).to(device)
     torch.set_num_threads(cpu_threads(args.torch_threads, device, q_network.pixels))
     frame_dtype = torch.uint8 if q_network.pixels else torch.float32
-    # a transition is a stored frame, its action, reward, termination and two flags, in host memory (on CUDA, there too)
+    # a transition: a stored frame, its action, reward, termination and two flags, in host memory (and on CUDA's GPU)
     frame_bytes = math.prod(obs_space.shape[1:]) * frame_dtype.itemsize
     for storage_device in {torch.device("cpu"), device}:
         check_fits(args.buffer_size * (frame_bytes + 18), storage_device, "--buffer-size")
