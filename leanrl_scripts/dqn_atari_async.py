@@ -335,7 +335,6 @@ class FrameReplay:
         self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
         self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
-        self.copied = 0  # a mirror's vector steps copied in so far (see mirror)
         for name in self.columns:
             getattr(self, name).share_memory_()
 
@@ -353,6 +352,7 @@ class FrameReplay:
         mirror = copy.copy(self)
         for name in self.columns:
             setattr(mirror, name, torch.zeros_like(getattr(self, name), device=device))
+        mirror.copied = 0  # vector steps copied in so far
         return mirror
 
     def catch_up(self, source, steps):
@@ -362,8 +362,10 @@ class FrameReplay:
         while start < steps:
             row = start % rows
             block = slice(row, row + min(steps - start, rows - row))
-            for name in self.columns:
-                getattr(self, name)[block].copy_(getattr(source, name)[block], non_blocking=True)
+            for name in self.columns:  # pinned on CUDA: a copy from pageable memory first waits for the GPU's queue
+                new_rows = getattr(source, name)[block]
+                new_rows = new_rows.pin_memory() if self.frames.is_cuda else new_rows
+                getattr(self, name)[block].copy_(new_rows, non_blocking=True)
             start += block.stop - block.start
         self.copied = steps
 
