@@ -1,16 +1,23 @@
-"""PPO on Atari (envpool): GAE and the policy against plain references, the update compiled against eager, the
-script as a user runs it (sync and async envpool), and learning measured against a random policy."""
+"""PPO on Atari (envpool): GAE, the policy and the update against plain references, the rollouts the updates get
+against what the envs played, the update compiled against eager, the script as a user runs it (sync and async
+envpool), and learning measured against a random policy."""
 
+import glob
+import json
 import math
 import os
+import runpy
+import signal
+import sys
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-from conftest import (SUMMARY_KEYS, assert_gae_equals_the_reverse_loop, assert_same_seed_same_numbers, load_script,
-                      run_script)
+from conftest import (SCRIPTS, SUMMARY_KEYS, assert_gae_equals_the_reverse_loop, assert_same_seed_same_numbers,
+                      load_script, reference_gae, run_script)
 
 envpool = pytest.importorskip("envpool")
 
@@ -47,6 +54,184 @@ def test_policy_matches_torch_distributions():
     for row in range(2):
         frequencies = torch.bincount(sampled[row::2], minlength=4) / 2000
         torch.testing.assert_close(frequencies, categorical.probs[row], atol=0.04, rtol=0)
+
+
+class AtariEnvSpec:  # the spec class the script checks for by name
+    pass
+
+
+class TranscribedAtari:
+    """envpool's Atari interface (async_reset, recv, send by env id) over a made-up game whose observations say which
+    env and which of its steps they are. recv hands back `batch_size` of the due envs in a random order, as envpool's
+    async mode returns whichever finish first; every action sent and every step's reward and ends are kept."""
+    observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self, num_envs, batch_size, seed):
+        self.num_envs, self.batch_size, self.rng = num_envs, batch_size, np.random.default_rng(seed)
+        self.next_k = np.zeros(num_envs, dtype=np.int64)  # the index of each env's next observation
+        self.due, self.sent, self.arrived, self.games = [], {}, {}, []
+        self.game_returns = np.zeros(num_envs)
+
+    @staticmethod
+    def observation(env, k):
+        pixels = np.random.default_rng([env, k]).integers(0, 256, (4, 84, 84), dtype=np.uint8)
+        pixels[0, 0, :3] = env, k // 256, k % 256
+        return pixels
+
+    def async_reset(self):
+        self.due = list(range(self.num_envs))
+
+    def recv(self):
+        env_ids = self.rng.permutation(self.due)[: self.batch_size]
+        self.due = [env for env in self.due if env not in env_ids]
+        first = self.next_k[env_ids] == 0  # the reset observation: no step led into it
+        reward = np.where(first, 0, self.rng.integers(-1, 2, len(env_ids))).astype(np.float32)
+        life_lost = ~first & (self.rng.random(len(env_ids)) < 0.2)
+        game_over = life_lost & (self.rng.random(len(env_ids)) < 0.4)
+        truncated = ~first & ~life_lost & (self.rng.random(len(env_ids)) < 0.03)
+        score = reward * 3  # the unclipped score, which the training returns must count
+        for env, k, r, done, s, ended in zip(env_ids, self.next_k[env_ids], reward, life_lost | truncated, score,
+                                            game_over | truncated):
+            self.arrived[env, k] = (r, float(done))
+            self.game_returns[env] += s
+            if ended:
+                self.games.append(self.game_returns[env])
+                self.game_returns[env] = 0.0
+        obs = np.stack([self.observation(env, k) for env, k in zip(env_ids, self.next_k[env_ids])])
+        self.next_k[env_ids] += 1
+        infos = {"env_id": env_ids, "reward": score, "terminated": game_over.astype(np.int32)}
+        return obs, reward, life_lost, truncated, infos
+
+    def send(self, actions, env_ids):
+        for env, action in zip(env_ids, actions):
+            self.sent[env, self.next_k[env] - 1] = int(action)
+        self.due += list(env_ids)
+
+    def close(self):
+        pass
+
+
+def decode(obs):
+    """(env, k) of each observation in a batch."""
+    corner = obs[:, 0, 0, :3].long()
+    return list(zip(corner[:, 0].tolist(), (corner[:, 1] * 256 + corner[:, 2]).tolist()))
+
+
+@pytest.mark.parametrize("mode", [[], ["--envpool-async"]], ids=["sync", "async"])
+def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch):
+    """The script run on a made-up game that keeps what it was sent: each update's rows hold, for every env and step,
+    the observation, the action the env received after it, the log-probability and value the policy gave with that
+    action, and the advantages and returns of CleanRL's reverse loop over the rewards and episode ends the env
+    returned; the training returns are the games' unclipped scores."""
+    made = []
+
+    def make(env_id, num_envs, batch_size, seed, **_):
+        made.append(TranscribedAtari(num_envs, batch_size, seed))
+        return made[-1]
+
+    fake = type(sys)("envpool")
+    fake.list_all_envs, fake.make_spec, fake.make = lambda: ["Breakout-v5"], lambda env_id: AtariEnvSpec(), make
+    monkeypatch.setitem(sys.modules, "envpool", fake)
+    T, num_envs, iterations = 8, 4, 5
+    monkeypatch.setattr(sys, "argv", ["ppo_atari_envpool.py", "--total-timesteps", str(T * num_envs * iterations),
+                                      "--num-envs", str(num_envs), "--num-steps", str(T), "--num-minibatches", "1",
+                                      "--update-epochs", "1", "--eval-episodes", "0", *mode])
+    monkeypatch.chdir(workdir)
+    path = os.path.join(SCRIPTS, SCRIPT)
+    acted, updates = {}, []
+
+    def watch(frame, event, result):  # the script's own policy and update calls, seen from outside
+        if frame.f_code.co_filename != path:
+            return
+        if event == "return" and frame.f_code.co_name == "policy":
+            for key, *row in zip(decode(frame.f_locals["obs"]), *result):
+                assert key not in acted, f"the policy acted twice on observation {key}"
+                acted[key] = [value.item() for value in row]
+        elif event == "call" and frame.f_code.co_name == "update":
+            updates.append([t.clone() for t in frame.f_locals["minibatch"]])
+
+    threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    sys.setprofile(watch)
+    try:
+        runpy.run_path(path, run_name="__main__")
+    finally:
+        sys.setprofile(None)
+        torch.set_num_threads(threads)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    (envs,) = made
+    assert len(updates) == iterations
+    for key, action in envs.sent.items():
+        assert acted[key][0] == action, f"observation {key}: the env got another action than the policy chose"
+    for i, (obs, actions, logprobs, advantages, returns, values) in enumerate(updates):
+        rows = decode(obs)
+        assert sorted(rows) == sorted((env, i * T + t) for env in range(num_envs) for t in range(T))
+        torch.testing.assert_close(actions, torch.tensor([acted[key][0] for key in rows]))
+        torch.testing.assert_close(logprobs, torch.tensor([acted[key][1] for key in rows]))
+        torch.testing.assert_close(values, torch.tensor([acted[key][2] for key in rows]))
+        # (T + 1, num_envs) tables over this rollout's observations, the last one bootstrapping
+        table = lambda f: torch.tensor([[f(env, k) for env in range(num_envs)] for k in range(i * T, (i + 1) * T + 1)])
+        step_rewards = table(lambda env, k: envs.arrived[env, k][0])[1:]  # row t: the reward of the step from obs t
+        dones, step_values = table(lambda env, k: envs.arrived[env, k][1]), table(lambda env, k: acted[env, k][2])
+        expected = reference_gae(step_rewards, step_values[:T], dones[:T], step_values[T], dones[T], 0.99, 0.95)
+        where = torch.tensor([k - i * T for env, k in rows]), torch.tensor([env for env, k in rows])
+        torch.testing.assert_close(advantages, expected[0][where], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(returns, expected[1][where], atol=1e-5, rtol=1e-5)
+    (run_dir,) = glob.glob(os.path.join(workdir, "runs", "*"))
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert len(envs.games) >= 5 and summary["return_mean"] == pytest.approx(np.mean(envs.games[-20:]))
+
+
+def plain_ppo_step(agent, optimizer, minibatch, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5):
+    """CleanRL's minibatch step, written plainly: torch.distributions, a float learning rate, torch's default Adam."""
+    obs, actions, logprobs, advantages, returns, values = minibatch
+    hidden = agent.network(obs / 255.0)
+    distribution = torch.distributions.Categorical(logits=agent.actor(hidden))
+    new_value = agent.critic(hidden).view(-1)
+    ratio = (distribution.log_prob(actions) - logprobs).exp()
+    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
+    clipped_value = values + torch.clamp(new_value - values, -clip_coef, clip_coef)
+    v_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
+    loss = pg_loss - ent_coef * distribution.entropy().mean() + vf_coef * v_loss
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm)
+    optimizer.step()
+    return {"policy_loss": pg_loss, "value_loss": v_loss}
+
+
+def test_update_steps_like_a_plain_ppo_step():
+    """Six minibatch steps of the script's update (fused Adam on a learning-rate tensor annealed in place) and of the
+    plain step from the same weights: the same losses and, after each step, the same weights."""
+    module = load_script(SCRIPT)
+    torch.manual_seed(0)
+    agent, plain_agent = module.Agent(4), module.Agent(4)
+    plain_agent.load_state_dict(agent.state_dict())
+    learning_rate = torch.tensor(2.5e-4)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
+    plain_optimizer = torch.optim.Adam(plain_agent.parameters(), lr=2.5e-4, eps=1e-5)
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):
+        lr_now = 2.5e-4 * (1 - step / 6)
+        learning_rate.fill_(lr_now)
+        plain_optimizer.param_groups[0]["lr"] = lr_now
+        obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8, generator=g)
+        actions = torch.randint(0, 4, (32,), generator=g)
+        with torch.no_grad():  # the log-probabilities and values of a policy a little behind, as in a later epoch
+            _, logprobs, _, values = agent.get_action_and_value(obs, actions)
+        noise = torch.randn(4, 32, generator=g)
+        minibatch = module.Batch(obs, actions, logprobs + 0.2 * noise[0], noise[1], values + noise[2],
+                                 values + 0.1 * noise[3])
+        metrics = module.update(minibatch, agent=agent, optimizer=optimizer, args=module.Args())
+        expected = plain_ppo_step(plain_agent, plain_optimizer, minibatch)
+        for name, value in expected.items():
+            torch.testing.assert_close(metrics[name], value.detach(), atol=1e-5, rtol=1e-5)
+        for name, value in plain_agent.state_dict().items():
+            torch.testing.assert_close(agent.state_dict()[name], value, atol=1e-6, rtol=1e-4)
+    assert 0 < metrics["clipfrac"] < 1  # the clipping was exercised
 
 
 def build_update(flags):
