@@ -6,7 +6,8 @@ collected into curves, a table of final returns and a chart per task.
     ./run.sh --learning [--quick | --smoke] [--seeds N] [--results FOLDER] [...]    (the same, FOLDER/learning)
 
 Each run writes FOLDER/runs/<task>__seed<k>.json (the summary and the training returns from TensorBoard, with the
-seconds since the run's writer opened); a run whose file exists is not run again, so an interrupted profile goes on
+seconds since the run's writer opened, and the losses/* scalars it logged, to compare two sides' runs by more than
+their returns); a run whose file exists is not run again, so an interrupted profile goes on
 where it stopped. Then FOLDER gets curves.csv (every episode of every run), final.md (per task: the final evaluation
 over seeds as mean +- std, a 95% bootstrap confidence interval of the mean and the interquartile mean) and
 <task>.png (the training return against steps and against seconds: the mean over seeds as a line, the lowest and the
@@ -178,17 +179,20 @@ def finish(*args, **kwargs):
 """
 
 
-def train_returns(run_dir):
-    """(steps, seconds since the writer opened, returns) of every training episode the run logged to TensorBoard."""
+def tensorboard_scalars(run_dir):
+    """(steps, seconds since the writer opened, returns) of every training episode the run logged to TensorBoard,
+    and its losses/* scalars as {tag: [[step, value], ...]}."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
-    if "charts/episodic_return" not in events.Tags()["scalars"]:
-        return [], [], []
+    tags = events.Tags()["scalars"]
+    losses = {tag: [[row.step, row.value] for row in events.Scalars(tag)] for tag in tags if tag.startswith("losses/")}
+    if "charts/episodic_return" not in tags:
+        return [], [], [], losses
     start = events.FirstEventTimestamp()
     rows = events.Scalars("charts/episodic_return")
-    return [row.step for row in rows], [row.wall_time - start for row in rows], [row.value for row in rows]
+    return [row.step for row in rows], [row.wall_time - start for row in rows], [row.value for row in rows], losses
 
 
 PACKAGE_VERSIONS = """\
@@ -273,12 +277,12 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
             raise SystemExit(f"error: {task} {side} seed {seed} failed (exit code {proc.returncode}): "
                              f"{' '.join(command)}\n{proc.stderr[-2000:]}")
         tensorboard = glob.glob(os.path.join(workdir, "runs", "*"))
-        steps, times, returns = train_returns(tensorboard[0]) if tensorboard else ([], [], [])
+        steps, times, returns, losses = tensorboard_scalars(tensorboard[0]) if tensorboard else ([], [], [], {})
         if not returns and side != "ours":
             steps, times, returns = logged_running_means(workdir)
             record["returns_kind"] = "running mean of the last 20 episodes (LeanRL's wandb log)"
     record.update(command=" ".join([script, *flags]), total_seconds=seconds, steps=steps, seconds=times,
-                  returns=returns, steps_done=int(flags[flags.index("--total-timesteps") + 1])
+                  returns=returns, losses=losses, steps_done=int(flags[flags.index("--total-timesteps") + 1])
                   if "--total-timesteps" in flags else None)
     if side == "ours":
         record["summary"] = json.loads(speed[-1][len("SPEED "):])

@@ -132,8 +132,8 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
 
 
 def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(tmp_path):
-    """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves and
-    the table are read back against the runs' own records, and a second call runs nothing again."""
+    """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves, the
+    losses and the table are read back against the runs' own records, and a second call runs nothing again."""
     env = {**os.environ, "PYTHON": sys.executable}
     command = ["bash", os.path.join(ROOT, "run.sh"), "--learning", "--smoke", "--seeds", "2", "--results", str(tmp_path)]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
@@ -149,6 +149,9 @@ def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(
         assert [int(row["step"]) for row in curve] == record["steps"] and len(curve) > 0
         assert [float(row["return"]) for row in curve] == pytest.approx(record["returns"])
         assert sorted(float(row["seconds"]) for row in curve) == [float(row["seconds"]) for row in curve]
+        last_logged = {tag[len("losses/"):]: series[-1][1] for tag, series in record["losses"].items()}
+        final_metrics = record["summary"]["final_metrics"]  # what the run logged last, also in its summary
+        assert final_metrics and {name: last_logged[name] for name in final_metrics} == pytest.approx(final_metrics)
     table = (folder / "final.md").read_text()
     for task in tasks:
         finals = [record["summary"]["eval_return_mean"] for record in records if record["task"] == task]
