@@ -151,7 +151,9 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
         elif event == "call" and frame.f_code.co_name == "update":
             updates.append([t.clone() for t in frame.f_locals["minibatch"]])
 
+    # what the run sets for the process (threads, signal handlers, OMP_WAIT_POLICY) is put back for the later tests
     threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    environ = dict(os.environ)
     sys.setprofile(watch)
     try:
         runpy.run_path(path, run_name="__main__")
@@ -160,6 +162,8 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
         torch.set_num_threads(threads)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(environ)
     (envs,) = made
     assert len(updates) == iterations
     for key, action in envs.sent.items():
