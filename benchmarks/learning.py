@@ -7,8 +7,8 @@ collected into curves, a table of final returns and a chart per task.
 
 Each run writes FOLDER/runs/<task>__seed<k>.json (the summary and the training returns from TensorBoard, with the
 seconds since the run's writer opened, and the losses/* scalars it logged, to compare two sides' runs by more than
-their returns); a run whose file exists is not run again, so an interrupted profile goes on
-where it stopped. Then FOLDER gets curves.csv (every episode of every run), final.md (per task: the final evaluation
+their returns); a run whose file exists is not run again, so an interrupted profile goes on where it stopped.
+Then FOLDER gets curves.csv (every episode of every run), final.md (per task: the final evaluation
 over seeds as mean +- std, a 95% bootstrap confidence interval of the mean and the interquartile mean) and
 <task>.png (the training return against steps and against seconds: the mean over seeds as a line, the lowest and the
 highest seed as a band). Profiles: quick fits a 2-core CPU (hours with PPO Atari), full is CleanRL's budgets,
