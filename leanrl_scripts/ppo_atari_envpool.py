@@ -594,6 +594,13 @@ if __name__ == "__main__":
     staging_np = staging.numpy()
     episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     metrics, num_updates = {}, 0
+
+    def act(index, next_obs, env_ids):
+        """Sample the actions for these envs' observations, keep them with their log-probs and values, send them."""
+        action, logprobs[index], values[index] = policy_step(next_obs)
+        actions[index] = action
+        run.in_env(envs.send, action.cpu().numpy(), env_ids)
+
     envs.async_reset()
     global_step = -args.num_envs  # the first recv of each env brings its reset observation, not a step
     run.open()
@@ -618,9 +625,10 @@ if __name__ == "__main__":
                 next_obs = staging.to(device, non_blocking=True)
                 next_obs = next_obs.contiguous(memory_format=torch.channels_last)  # once, for the storage and the policy
                 obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
-                action, logprobs[index], values[index] = policy_step(next_obs)
-                actions[index] = action
-                run.in_env(envs.send, action.cpu().numpy(), env_ids)
+                if args.envpool_async or row_of_env[env_ids[0]] < args.num_steps:  # sync: every env on one row
+                    act(index, next_obs, env_ids)
+                else:  # sync, the bootstrap row: its value for GAE now, its action after the update (below)
+                    values[index] = policy_step(next_obs)[2]
                 row_of_env[env_ids] += 1
                 global_step += len(env_ids)
                 # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
@@ -649,6 +657,10 @@ if __name__ == "__main__":
             for t in by_row:
                 t[:carried] = t[T : T + carried].clone()
             row_of_env -= T
+            if not args.envpool_async and iteration + 1 < num_iterations:
+                # As CleanRL's: the updated policy acts on the bootstrap observation, so every row of the next update
+                # comes from the weights it starts from. The cost: that env step no longer overlaps the update.
+                act(slice(0, args.num_envs), obs[: args.num_envs], np.arange(args.num_envs))
             run.log(global_step, metrics, learning_rate=lr_now)
     run.end(global_step, metrics)
     envs.close()

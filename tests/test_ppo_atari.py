@@ -139,17 +139,20 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
                                       "--update-epochs", "1", "--eval-episodes", "0", *mode])
     monkeypatch.chdir(workdir)
     path = os.path.join(SCRIPTS, SCRIPT)
-    acted, updates = {}, []
+    acted, updates, fresh_logprobs = {}, [], []  # acted: observation -> what the policy gave, each time it was called
 
     def watch(frame, event, result):  # the script's own policy and update calls, seen from outside
         if frame.f_code.co_filename != path:
             return
         if event == "return" and frame.f_code.co_name == "policy":
             for key, *row in zip(decode(frame.f_locals["obs"]), *result):
-                assert key not in acted, f"the policy acted twice on observation {key}"
-                acted[key] = [value.item() for value in row]
+                acted.setdefault(key, []).append([value.item() for value in row])
         elif event == "call" and frame.f_code.co_name == "update":
-            updates.append([t.clone() for t in frame.f_locals["minibatch"]])
+            minibatch = frame.f_locals["minibatch"]
+            latest = {key: calls[-1] for key, calls in acted.items()}  # what the policy last gave, as the update starts
+            updates.append(([t.clone() for t in minibatch], latest))
+            with torch.no_grad():  # the log-probs of the weights this update starts from
+                fresh_logprobs.append(frame.f_locals["agent"].get_action_and_value(minibatch.obs, minibatch.actions)[1])
 
     # what the run sets for the process (threads, signal handlers, OMP_WAIT_POLICY) is put back for the later tests
     threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -167,17 +170,22 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
     (envs,) = made
     assert len(updates) == iterations
     for key, action in envs.sent.items():
-        assert acted[key][0] == action, f"observation {key}: the env got another action than the policy chose"
-    for i, (obs, actions, logprobs, advantages, returns, values) in enumerate(updates):
+        assert acted[key][-1][0] == action, f"observation {key}: the env got another action than the policy chose"
+    # sync: the bootstrap observation gets its value before the update and its action after it, as in CleanRL's
+    bootstraps = {(env, i * T) for env in range(num_envs) for i in range(1, iterations)} if not mode else set()
+    assert {key for key, calls in acted.items() if len(calls) > 1} == bootstraps
+    for i, ((obs, actions, logprobs, advantages, returns, values), latest) in enumerate(updates):
+        if not mode:  # on-policy: every row was acted on by the weights the update starts from
+            torch.testing.assert_close(logprobs, fresh_logprobs[i], atol=1e-5, rtol=1e-5)
         rows = decode(obs)
         assert sorted(rows) == sorted((env, i * T + t) for env in range(num_envs) for t in range(T))
-        torch.testing.assert_close(actions, torch.tensor([acted[key][0] for key in rows]))
-        torch.testing.assert_close(logprobs, torch.tensor([acted[key][1] for key in rows]))
-        torch.testing.assert_close(values, torch.tensor([acted[key][2] for key in rows]))
+        torch.testing.assert_close(actions, torch.tensor([latest[key][0] for key in rows]))
+        torch.testing.assert_close(logprobs, torch.tensor([latest[key][1] for key in rows]))
+        torch.testing.assert_close(values, torch.tensor([latest[key][2] for key in rows]))
         # (T + 1, num_envs) tables over this rollout's observations, the last one bootstrapping
         table = lambda f: torch.tensor([[f(env, k) for env in range(num_envs)] for k in range(i * T, (i + 1) * T + 1)])
         step_rewards = table(lambda env, k: envs.arrived[env, k][0])[1:]  # row t: the reward of the step from obs t
-        dones, step_values = table(lambda env, k: envs.arrived[env, k][1]), table(lambda env, k: acted[env, k][2])
+        dones, step_values = table(lambda env, k: envs.arrived[env, k][1]), table(lambda env, k: latest[env, k][2])
         expected = reference_gae(step_rewards, step_values[:T], dones[:T], step_values[T], dones[T], 0.99, 0.95)
         where = torch.tensor([k - i * T for env, k in rows]), torch.tensor([env for env, k in rows])
         torch.testing.assert_close(advantages, expected[0][where], atol=1e-5, rtol=1e-5)
