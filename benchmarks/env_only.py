@@ -65,7 +65,7 @@ def cores(script):
         quota = None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         quota = None
-    usable = script.usable_cores() if hasattr(script, "usable_cores") else None
+    usable = script.usable_cores()
     return {"cpu_count": os.cpu_count(), "affinity_cores": len(os.sched_getaffinity(0)), "cgroup_cpu_quota": quota,
             "usable_cores": usable}
 

@@ -209,28 +209,6 @@ class WarpFrame(gym.ObservationWrapper):
         return cv2.resize(cv2.cvtColor(obs, cv2.COLOR_RGB2GRAY), (84, 84), interpolation=cv2.INTER_AREA)
 
 
-def usable_cores():
-    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return max(1, min(cores, int(quota) // int(period)))
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return cores
-
-
-def cpu_threads(requested, device, pixels):
-    """The learner's torch CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only
-    gathers batches; idle pool threads would compete with the actor) or for an MLP (waking threads costs it more
-    than the math), else the usable cores less the one the actor process plays on."""
-    if requested:
-        return requested
-    if os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    return 1 if device.type == "cuda" or not pixels else max(1, usable_cores() - 1)
-
-
 def make_gym_env(env_id, render=False):
     """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, 108k-frame time limit."""
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000,
@@ -687,6 +665,65 @@ def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not ho
         fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
 
 
+def cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return int(quota) / int(period)
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return None
+
+
+def usable_cores():  # the cores this process may run on: its CPU affinity, capped by a container's quota
+    cores, quota = len(os.sched_getaffinity(0)), cpu_quota()
+    return cores if quota is None else max(1, min(cores, int(quota)))
+
+
+def idle_cores(seconds=0.2):
+    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
+    summed, capped by a container's quota. None where the system does not say (not Linux)."""
+    def jiffies():  # per core: idle (with iowait) and total
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+    try:
+        cores, before = os.sched_getaffinity(0), jiffies()
+        time.sleep(seconds)
+        after = jiffies()
+    except (OSError, AttributeError, ValueError):
+        return None
+    cores &= before.keys() & after.keys()
+    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), cpu_quota()
+    return idle if quota is None else min(idle, quota)
+
+
+def tune_cpu(requested, device, threads, keep_freed_memory=False):
+    """Sets torch's CPU threads once, before any tensor work: --torch-threads, else OMP_NUM_THREADS (torch read it),
+    else one on CUDA (the host only feeds the GPU; idle pool threads would compete with the envs), else the script's
+    `threads`: a count, or "idle", the cores at least 75% idle at start (a second thread buys small layers 1.2-1.5x
+    on an idle machine and costs 3-4x beside busy processes: a descheduled thread stalls the others at every
+    barrier; one where /proc does not say). `keep_freed_memory`: glibc's malloc maps large blocks afresh and gives
+    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
+    in and zeroed again: fixed thresholds keep them (1.03-1.13x the SPS on a 2-core CPU, docs/speed.md) at the cost
+    of the peak memory staying with the process; other C libraries than glibc are left alone."""
+    if requested or os.environ.get("OMP_NUM_THREADS"):
+        threads = requested or torch.get_num_threads()
+    elif device.type == "cuda":
+        threads = 1
+    elif threads == "idle":
+        idle = idle_cores()
+        threads = 1 if idle is None else int(idle + 0.25)
+    torch.set_num_threads(max(1, threads))
+    if keep_freed_memory:
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
+            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
+        except (OSError, AttributeError):  # macOS, musl
+            pass
+    return torch.get_num_threads()
+
+
 class Stopped(Exception):
     def __init__(self, message, exit_code):
         super().__init__(message)
@@ -922,7 +959,9 @@ if __name__ == "__main__":
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     envs.close()
     q_network = QNetwork(obs_space.shape, num_actions).to(device)
-    torch.set_num_threads(cpu_threads(args.torch_threads, device, q_network.pixels))
+    # the usable cores less the one the actor process plays on; one for an MLP (waking threads costs it more than
+    # the math)
+    tune_cpu(args.torch_threads, device, threads=usable_cores() - 1 if q_network.pixels else 1)
     frame_dtype = torch.uint8 if q_network.pixels else torch.float32
     # a transition: a stored frame, its action, reward, termination and two flags, in host memory (and on CUDA's GPU)
     frame_bytes = math.prod(obs_space.shape[1:]) * frame_dtype.itemsize

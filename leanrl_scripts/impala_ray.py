@@ -134,41 +134,6 @@ class Args:
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
 
 
-def usable_cores():
-    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return max(1, min(cores, int(quota) // int(period)))
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return cores
-
-
-def cpu_threads(requested, device, pixels, reserved):
-    """The learner's torch CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only
-    stages unrolls; idle pool threads would compete with the actors) or for the small MLPs of flat observations,
-    else the usable cores less `reserved` for the actors that play on this machine while the learner trains."""
-    if requested:
-        return requested
-    if os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    return 1 if device.type == "cuda" or not pixels else max(1, usable_cores() - reserved)
-
-
-def keep_freed_memory():
-    """Freed memory stays in the process for the next minibatch. glibc's malloc maps large blocks afresh and gives
-    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
-    in and zeroed by the kernel again: millions of page faults in a short run. Fixed thresholds gave 1.03-1.13x the
-    SPS on a 2-core CPU (docs/speed.md); the process keeps its peak memory. Other C libraries are left alone."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # macOS, musl
-        return
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
-    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
-
-
 def env_kind(env_id):
     """'atari' for an envpool Atari game, 'classic' for a gymnasium env with flat observations and discrete actions."""
     try:
@@ -749,6 +714,65 @@ def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not ho
         fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
 
 
+def cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return int(quota) / int(period)
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return None
+
+
+def usable_cores():  # the cores this process may run on: its CPU affinity, capped by a container's quota
+    cores, quota = len(os.sched_getaffinity(0)), cpu_quota()
+    return cores if quota is None else max(1, min(cores, int(quota)))
+
+
+def idle_cores(seconds=0.2):
+    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
+    summed, capped by a container's quota. None where the system does not say (not Linux)."""
+    def jiffies():  # per core: idle (with iowait) and total
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+    try:
+        cores, before = os.sched_getaffinity(0), jiffies()
+        time.sleep(seconds)
+        after = jiffies()
+    except (OSError, AttributeError, ValueError):
+        return None
+    cores &= before.keys() & after.keys()
+    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), cpu_quota()
+    return idle if quota is None else min(idle, quota)
+
+
+def tune_cpu(requested, device, threads, keep_freed_memory=False):
+    """Sets torch's CPU threads once, before any tensor work: --torch-threads, else OMP_NUM_THREADS (torch read it),
+    else one on CUDA (the host only feeds the GPU; idle pool threads would compete with the envs), else the script's
+    `threads`: a count, or "idle", the cores at least 75% idle at start (a second thread buys small layers 1.2-1.5x
+    on an idle machine and costs 3-4x beside busy processes: a descheduled thread stalls the others at every
+    barrier; one where /proc does not say). `keep_freed_memory`: glibc's malloc maps large blocks afresh and gives
+    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
+    in and zeroed again: fixed thresholds keep them (1.03-1.13x the SPS on a 2-core CPU, docs/speed.md) at the cost
+    of the peak memory staying with the process; other C libraries than glibc are left alone."""
+    if requested or os.environ.get("OMP_NUM_THREADS"):
+        threads = requested or torch.get_num_threads()
+    elif device.type == "cuda":
+        threads = 1
+    elif threads == "idle":
+        idle = idle_cores()
+        threads = 1 if idle is None else int(idle + 0.25)
+    torch.set_num_threads(max(1, threads))
+    if keep_freed_memory:
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
+            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
+        except (OSError, AttributeError):  # macOS, musl
+            pass
+    return torch.get_num_threads()
+
+
 class Stopped(Exception):
     def __init__(self, message, exit_code):
         super().__init__(message)
@@ -986,8 +1010,9 @@ if __name__ == "__main__":
         fail(f"--hide-obs is for flat observations; {args.env_id} has images")
     device = run.device
     local_actors = 0 if args.ray_address else args.num_actors  # on a cluster, Ray may place them anywhere
-    torch.set_num_threads(cpu_threads(args.torch_threads, device, kind == "atari", reserved=local_actors))
-    keep_freed_memory()
+    # the usable cores less those of the actors playing beside it for a CNN; one for the small MLPs of flat
+    # observations (waking threads costs them more than the math)
+    tune_cpu(args.torch_threads, device, threads=usable_cores() - local_actors if kind == "atari" else 1, keep_freed_memory=True)
 
     random.seed(args.seed)
     np.random.seed(args.seed)

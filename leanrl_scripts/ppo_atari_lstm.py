@@ -42,10 +42,11 @@ def cores_all_idle(seconds=0.2):
 
 
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
-# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel, and
-# the LSTM runs its small kernels back to back, so on an idle machine libgomp's threads first spin 30,000 rounds
-# (microseconds) and catch the next one: 1.2x the SPS padded (medians) and 1.7x with the loop on a 2-core CPU. Beside
-# busy programs that spin takes their time slices instead: 0.55x (docs/ppo_lstm.md), so not when a core is busy.
+# programs) need. It costs a wake-up (tens of microseconds) per parallel kernel, and the LSTM runs its small kernels
+# back to back, so on an idle machine libgomp's threads first spin 30,000 rounds (microseconds) and catch the next
+# one: 1.2x the SPS padded (medians) and 1.7x with the loop on a 2-core CPU. Beside busy programs that spin takes
+# their time slices instead: 0.55x (docs/ppo_lstm.md), so not when a core is busy. libgomp reads both once, when
+# torch loads it: they are set here, not in tune_cpu() with the other machine settings.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if "GOMP_SPINCOUNT" not in os.environ and cores_all_idle():
     os.environ["GOMP_SPINCOUNT"] = "30000"
@@ -130,41 +131,6 @@ class Args:
     """save a checkpoint to runs/<run_name>/model.pt at the end"""
     load_model: str = ""
     """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
-
-
-def usable_cores():
-    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return max(1, min(cores, int(quota) // int(period)))
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return cores
-
-
-def cpu_threads(requested, device):
-    """torch's CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only copies frames
-    and actions; more threads would compete with envpool's workers), else every usable core (the envs and the
-    network take turns, and the idle pool sleeps)."""
-    if requested:
-        return requested
-    if os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    return 1 if device.type == "cuda" else usable_cores()
-
-
-def keep_freed_memory():
-    """Freed memory stays in the process for the next minibatch. glibc's malloc maps large blocks afresh and gives
-    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
-    in and zeroed by the kernel again: millions of page faults in a short run. Fixed thresholds gave 1.03-1.13x the
-    SPS on a 2-core CPU (docs/speed.md); the process keeps its peak memory. Other C libraries are left alone."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # macOS, musl
-        return
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
-    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
@@ -418,6 +384,65 @@ def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not ho
         fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
 
 
+def cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return int(quota) / int(period)
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return None
+
+
+def usable_cores():  # the cores this process may run on: its CPU affinity, capped by a container's quota
+    cores, quota = len(os.sched_getaffinity(0)), cpu_quota()
+    return cores if quota is None else max(1, min(cores, int(quota)))
+
+
+def idle_cores(seconds=0.2):
+    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
+    summed, capped by a container's quota. None where the system does not say (not Linux)."""
+    def jiffies():  # per core: idle (with iowait) and total
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+    try:
+        cores, before = os.sched_getaffinity(0), jiffies()
+        time.sleep(seconds)
+        after = jiffies()
+    except (OSError, AttributeError, ValueError):
+        return None
+    cores &= before.keys() & after.keys()
+    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), cpu_quota()
+    return idle if quota is None else min(idle, quota)
+
+
+def tune_cpu(requested, device, threads, keep_freed_memory=False):
+    """Sets torch's CPU threads once, before any tensor work: --torch-threads, else OMP_NUM_THREADS (torch read it),
+    else one on CUDA (the host only feeds the GPU; idle pool threads would compete with the envs), else the script's
+    `threads`: a count, or "idle", the cores at least 75% idle at start (a second thread buys small layers 1.2-1.5x
+    on an idle machine and costs 3-4x beside busy processes: a descheduled thread stalls the others at every
+    barrier; one where /proc does not say). `keep_freed_memory`: glibc's malloc maps large blocks afresh and gives
+    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
+    in and zeroed again: fixed thresholds keep them (1.03-1.13x the SPS on a 2-core CPU, docs/speed.md) at the cost
+    of the peak memory staying with the process; other C libraries than glibc are left alone."""
+    if requested or os.environ.get("OMP_NUM_THREADS"):
+        threads = requested or torch.get_num_threads()
+    elif device.type == "cuda":
+        threads = 1
+    elif threads == "idle":
+        idle = idle_cores()
+        threads = 1 if idle is None else int(idle + 0.25)
+    torch.set_num_threads(max(1, threads))
+    if keep_freed_memory:
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
+            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
+        except (OSError, AttributeError):  # macOS, musl
+            pass
+    return torch.get_num_threads()
+
+
 class Stopped(Exception):
     def __init__(self, message, exit_code):
         super().__init__(message)
@@ -645,8 +670,8 @@ if __name__ == "__main__":
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    torch.set_num_threads(cpu_threads(args.torch_threads, device))
-    keep_freed_memory()
+    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
 
     random.seed(args.seed)
     rng = np.random.default_rng(args.seed)  # minibatch env groups: their segment plans are built on the host

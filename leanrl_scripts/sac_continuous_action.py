@@ -6,6 +6,7 @@ wrapped in torch.compile and CUDA graphs. Cost: plain tensors in and out of the 
     python leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import ctypes
 import io
 import json
 import math
@@ -243,42 +244,6 @@ def update_actor(obs, *, actor, qnet_view, actor_optimizer, alpha, log_alpha, al
     return metrics
 
 
-def idle_cores(seconds=0.2):
-    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
-    summed, capped by a cgroup CPU quota (a container's limit). None where the system does not say (not Linux)."""
-    def idle_and_total_jiffies(cores):
-        with open("/proc/stat") as f:
-            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-        return {row[0]: (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows
-                if int(row[0][3:]) in cores}
-    try:
-        cores = os.sched_getaffinity(0)
-        before = idle_and_total_jiffies(cores)
-        time.sleep(seconds)
-        after = idle_and_total_jiffies(cores)
-    except (OSError, AttributeError, ValueError):
-        return None
-    idle = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in before.keys() & after)
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return min(idle, int(quota) / int(period))
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return idle
-
-
-def cpu_threads(requested, device):
-    """torch's CPU threads: --torch-threads, else OMP_NUM_THREADS, else one on CUDA (the host only feeds the GPU),
-    else the cores at least 75% idle at start: a second thread buys these layers 1.2-1.5x on an idle machine and
-    costs 3-4x beside busy processes (a descheduled thread stalls the others at every barrier)."""
-    if requested:
-        return requested
-    if os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    idle = None if device.type == "cuda" else idle_cores()
-    return 1 if idle is None else max(1, int(idle + 0.25))
-
-
 def speed_up(fn, compile, cudagraphs):
     """torch.compile fuses the piece's kernels; a CUDA graph then replays all its launches at once (inputs are
     copied into static buffers, outputs cloned). The pieces take and return plain tensors: no TensorDicts."""
@@ -328,6 +293,65 @@ def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not ho
     total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if num_bytes > total:
         fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+def cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return int(quota) / int(period)
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return None
+
+
+def usable_cores():  # the cores this process may run on: its CPU affinity, capped by a container's quota
+    cores, quota = len(os.sched_getaffinity(0)), cpu_quota()
+    return cores if quota is None else max(1, min(cores, int(quota)))
+
+
+def idle_cores(seconds=0.2):
+    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
+    summed, capped by a container's quota. None where the system does not say (not Linux)."""
+    def jiffies():  # per core: idle (with iowait) and total
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+    try:
+        cores, before = os.sched_getaffinity(0), jiffies()
+        time.sleep(seconds)
+        after = jiffies()
+    except (OSError, AttributeError, ValueError):
+        return None
+    cores &= before.keys() & after.keys()
+    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), cpu_quota()
+    return idle if quota is None else min(idle, quota)
+
+
+def tune_cpu(requested, device, threads, keep_freed_memory=False):
+    """Sets torch's CPU threads once, before any tensor work: --torch-threads, else OMP_NUM_THREADS (torch read it),
+    else one on CUDA (the host only feeds the GPU; idle pool threads would compete with the envs), else the script's
+    `threads`: a count, or "idle", the cores at least 75% idle at start (a second thread buys small layers 1.2-1.5x
+    on an idle machine and costs 3-4x beside busy processes: a descheduled thread stalls the others at every
+    barrier; one where /proc does not say). `keep_freed_memory`: glibc's malloc maps large blocks afresh and gives
+    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
+    in and zeroed again: fixed thresholds keep them (1.03-1.13x the SPS on a 2-core CPU, docs/speed.md) at the cost
+    of the peak memory staying with the process; other C libraries than glibc are left alone."""
+    if requested or os.environ.get("OMP_NUM_THREADS"):
+        threads = requested or torch.get_num_threads()
+    elif device.type == "cuda":
+        threads = 1
+    elif threads == "idle":
+        idle = idle_cores()
+        threads = 1 if idle is None else int(idle + 0.25)
+    torch.set_num_threads(max(1, threads))
+    if keep_freed_memory:
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
+            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
+        except (OSError, AttributeError):  # macOS, musl
+            pass
+    return torch.get_num_threads()
 
 
 class Stopped(Exception):
@@ -550,7 +574,7 @@ if __name__ == "__main__":
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
-    torch.set_num_threads(cpu_threads(args.torch_threads, device))
+    tune_cpu(args.torch_threads, device, threads="idle")
 
     random.seed(args.seed)
     np.random.seed(args.seed)

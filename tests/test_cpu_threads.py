@@ -3,57 +3,74 @@ for the other small MLPs one; the usable cores (less the actors') for the convol
 --torch-threads or OMP_NUM_THREADS wins; the CNN scripts make idle OpenMP threads sleep before torch loads OpenMP;
 the learners of minibatches of frames keep freed memory instead of faulting it in again for each minibatch."""
 
-import inspect
+import ast
 import json
 import multiprocessing as mp
 import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from io import StringIO
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import SCRIPTS, load_script, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
-MLP_SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py", "ppo_continuous_action.py", "dqn.py"]
-IDLE_CORE_SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]  # the ones a second core pays
+FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "impala_ray.py"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
+BLOCK = load_script("td3_continuous_action.py")  # tune_cpu and the core counts: the run block, the same in every script
 
 
-def choose(module, script, requested, device, reserved=0):
-    """The learner's threads on Atari; `reserved` cores play beside it (IMPALA's local actors)."""
-    if script == "impala_ray.py":
-        return module.cpu_threads(requested, device, True, reserved)
-    if script == "dqn_atari_async.py":  # its actor process always takes one core
-        return module.cpu_threads(requested, device, True)
-    return module.cpu_threads(requested, device)
+def chosen(requested, device, threads):
+    """What tune_cpu sets torch to; this process's own thread count is put back."""
+    before = torch.get_num_threads()
+    try:
+        return BLOCK.tune_cpu(requested, device, threads)
+    finally:
+        torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("script", CNN_SCRIPTS)
-def test_cnn_learners_take_the_usable_cores_on_cpu_and_one_thread_on_cuda(script, monkeypatch):
-    module = load_script(script)
+def test_the_users_choice_wins_then_one_thread_on_cuda_then_the_scripts(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(module, "usable_cores", lambda: 16)
-    assert choose(module, script, 0, CUDA) == 1
-    assert choose(module, script, 0, CPU) == (15 if script == "dqn_atari_async.py" else 16)
-    if script == "impala_ray.py":  # the actors play on the same cores while the learner trains
-        assert choose(module, script, 0, CPU, reserved=4) == 12 and choose(module, script, 0, CPU, reserved=20) == 1
-    assert choose(module, script, 3, CUDA) == 3  # --torch-threads wins
+    assert chosen(0, CPU, 3) == 3 and chosen(0, CPU, 0) == 1 and chosen(0, CPU, -4) == 1  # never below one
+    assert chosen(0, CUDA, 16) == 1 and chosen(0, CUDA, "idle") == 1
+    assert chosen(3, CUDA, 16) == 3 and chosen(3, CPU, "idle") == 3  # --torch-threads wins
     monkeypatch.setenv("OMP_NUM_THREADS", "5")  # torch read it at import; the script keeps what torch has
-    assert choose(module, script, 0, CUDA) == torch.get_num_threads()
+    assert chosen(0, CUDA, 16) == torch.get_num_threads() and chosen(0, CPU, "idle") == torch.get_num_threads()
 
 
-def test_learners_on_flat_observations_take_one_thread(monkeypatch):
+# Per script: what its main block's names are in the case, and the threads it then asks for on 16 usable cores
+# ("idle": the cores idle at start). SAC and TD3 are the ones a second core pays; the other MLPs take one thread;
+# the CNN learners take the usable cores, less the actor process's one (async DQN) or the local actors' (IMPALA).
+THREADS_ASKED = [
+    ("sac_continuous_action.py", {}, "idle"), ("td3_continuous_action.py", {}, "idle"),
+    ("ppo_continuous_action.py", {}, 1), ("dqn.py", {}, 1),
+    ("ppo_atari_envpool.py", {}, 16), ("ppo_atari_lstm.py", {}, 16), ("dqn_atari.py", {}, 16),
+    ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=True)}, 15),
+    ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=False)}, 1),
+    ("impala_ray.py", {"kind": "atari", "local_actors": 4}, 12),
+    ("impala_ray.py", {"kind": "atari", "local_actors": 20}, 1),  # more actors than cores: one thread, not none
+    ("impala_ray.py", {"kind": "classic", "local_actors": 2}, 1),
+]
+
+
+@pytest.mark.parametrize("script, names, expected", THREADS_ASKED)
+def test_each_script_asks_for_its_threads(script, names, expected, monkeypatch):
+    with open(os.path.join(SCRIPTS, script)) as f:
+        main = textwrap.dedent(f.read().split('if __name__ == "__main__":')[1])
+    (call,) = [node for node in ast.walk(ast.parse(main)) if isinstance(node, ast.Call)
+               and getattr(node.func, "id", None) == "tune_cpu"]
+    assert [ast.unparse(arg) for arg in call.args] == ["args.torch_threads", "device"]
+    keywords = {keyword.arg: keyword.value for keyword in call.keywords}
+    threads = eval(ast.unparse(keywords["threads"]), {"usable_cores": lambda: 16, **names})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    module = load_script("impala_ray.py")
-    monkeypatch.setattr(module, "usable_cores", lambda: 16)
-    assert module.cpu_threads(0, CPU, False, 2) == 1 and module.cpu_threads(0, CPU, True, 2) == 14
-    module = load_script("dqn_atari_async.py")
-    monkeypatch.setattr(module, "usable_cores", lambda: 16)
-    assert module.cpu_threads(0, CPU, False) == 1 and module.cpu_threads(0, CPU, True) == 15
+    assert threads == expected if expected == "idle" else chosen(0, CPU, threads) == expected
+    keeps = ast.unparse(keywords["keep_freed_memory"]) if "keep_freed_memory" in keywords else None
+    assert keeps == ("True" if script in FREED_MEMORY_SCRIPTS else None)
 
 
 @pytest.mark.parametrize("cpu_max, affinity, expected", [
@@ -64,18 +81,16 @@ def test_learners_on_flat_observations_take_one_thread(monkeypatch):
     (None, 6, 6),  # no cgroup v2
 ])
 def test_usable_cores_reads_the_affinity_and_the_cgroup_quota(cpu_max, affinity, expected, monkeypatch):
-    for script in CNN_SCRIPTS:
-        module = load_script(script)
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)))
 
-        def fake_open(path, *args, **kwargs):
-            assert path == "/sys/fs/cgroup/cpu.max"
-            if cpu_max is None:
-                raise FileNotFoundError(path)
-            return StringIO(cpu_max)
+    def fake_open(path, *args, **kwargs):
+        assert path == "/sys/fs/cgroup/cpu.max"
+        if cpu_max is None:
+            raise FileNotFoundError(path)
+        return StringIO(cpu_max)
 
-        monkeypatch.setattr(module, "open", fake_open, raising=False)
-        assert module.usable_cores() == expected, script
+    monkeypatch.setattr(BLOCK, "open", fake_open, raising=False)
+    assert BLOCK.usable_cores() == expected
 
 
 @pytest.mark.parametrize("script", CNN_SCRIPTS)
@@ -90,15 +105,14 @@ def test_idle_threads_sleep_is_set_before_torch_loads_openmp(script):
         assert source.index('os.environ["GOMP_SPINCOUNT"] = "30000"') < first_import
 
 
-FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "impala_ray.py"]
 # Page faults in 25 forward and backward passes of a channels-last Nature CNN on 256 frames, in a fresh process after
-# 5 passes of warm-up, with glibc's default thresholds ("-") or those of a script's keep_freed_memory().
+# 5 passes of warm-up, with glibc's default thresholds ("-") or those a script's tune_cpu() keeps freed memory with.
 COUNT_FAULTS = """
 import json, resource, sys, torch, torch.nn as nn
 sys.path.insert(0, sys.argv[1])
 from conftest import load_script
 if sys.argv[2] != "-":
-    load_script(sys.argv[2]).keep_freed_memory()
+    load_script(sys.argv[2]).tune_cpu(1, torch.device("cpu"), 1, keep_freed_memory=True)
 torch.set_num_threads(1)
 net = nn.Sequential(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                     nn.Conv2d(64, 64, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512))
@@ -134,25 +148,16 @@ def test_the_memory_freed_after_a_minibatch_is_kept_for_the_next():
     assert kept < 25 * 500 and max(defaults) > 5 * kept, (defaults, kept)
 
 
-@pytest.mark.parametrize("script", FREED_MEMORY_SCRIPTS)
-def test_each_learner_of_frames_keeps_freed_memory_from_its_start(script):
-    """The same function as the one measured above, called right after the thread choice, before any tensor work."""
-    module = load_script(script)
-    measured = inspect.getsource(load_script("ppo_atari_envpool.py").keep_freed_memory)
-    assert inspect.getsource(module.keep_freed_memory) == measured
-    with open(os.path.join(SCRIPTS, script)) as f:
-        main = f.read().split('if __name__ == "__main__":')[1]
-    assert re.search(r"torch\.set_num_threads\(cpu_threads\(.*\)\)\n    keep_freed_memory\(\)\n", main)
-
-
 def test_keeping_freed_memory_leaves_other_c_libraries_alone(monkeypatch):
-    module = load_script("ppo_atari_envpool.py")
-
     def no_glibc(name):
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(module.ctypes, "CDLL", no_glibc)
-    assert module.keep_freed_memory() is None
+    monkeypatch.setattr(BLOCK.ctypes, "CDLL", no_glibc)
+    before = torch.get_num_threads()
+    try:
+        assert BLOCK.tune_cpu(1, CPU, 1, keep_freed_memory=True) == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 TINY_RUNS = {
@@ -167,10 +172,10 @@ TINY_RUNS = {
 def test_the_summary_reports_the_threads_and_the_user_choice_wins(script, workdir, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     summary, _ = run_script(script, TINY_RUNS[script], workdir)
-    if script in IDLE_CORE_SCRIPTS:  # the cores idle at its start: this test's process waits meanwhile
+    if script == "sac_continuous_action.py":  # the cores idle at its start: this test's process waits meanwhile
         assert 1 <= summary["torch_threads"] <= len(os.sched_getaffinity(0))
     else:
-        assert summary["torch_threads"] == (1 if script in MLP_SCRIPTS else load_script(script).usable_cores())
+        assert summary["torch_threads"] == BLOCK.usable_cores()
     summary, _ = run_script(script, TINY_RUNS[script] + ["--torch-threads", 3], workdir)
     assert summary["torch_threads"] == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
@@ -226,26 +231,23 @@ def test_the_lstm_spins_before_sleeping_only_when_every_core_it_may_use_is_idle(
             process.kill()
 
 
-@pytest.mark.parametrize("script", IDLE_CORE_SCRIPTS)
-def test_idle_core_count_reads_the_cores_this_process_may_use(script, monkeypatch):
-    module = load_script(script)
+def test_idle_core_count_reads_the_cores_this_process_may_use(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = [(100, 100), (100, 100), (100, 100), (100, 100)]
     # cores 0 and 1 idle, core 2 at 80% idle, core 3 busy (outside the affinity in the second case)
     after = [(200, 100), (200, 100), (180, 120), (100, 200)]
-    fake_proc_stat(monkeypatch, module, [before, after], affinity=range(4))
-    assert module.idle_cores() == pytest.approx(2.8)
-    fake_proc_stat(monkeypatch, module, [before, after, before, after], affinity=[1, 3])
-    assert module.idle_cores() == pytest.approx(1.0)
-    assert module.cpu_threads(0, CPU) == 1  # core 3 is busy: a second thread would stall at every barrier
-    fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1, 2])
-    assert module.cpu_threads(0, CPU) == 3  # 2.8 idle cores: 80% idle counts
-    fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1, 2], quota=1.5)
-    assert module.cpu_threads(0, CPU) == 1  # a container's 1.5 CPUs: a second thread is throttled half the time
-    assert module.cpu_threads(0, CUDA) == 1 and module.cpu_threads(4, CPU) == 4
-    monkeypatch.setattr(module, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])),
+    fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=range(4))
+    assert BLOCK.idle_cores() == pytest.approx(2.8)
+    fake_proc_stat(monkeypatch, BLOCK, [before, after, before, after], affinity=[1, 3])
+    assert BLOCK.idle_cores() == pytest.approx(1.0)
+    assert chosen(0, CPU, "idle") == 1  # core 3 is busy: a second thread would stall at every barrier
+    fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=[0, 1, 2])
+    assert chosen(0, CPU, "idle") == 3  # 2.8 idle cores: 80% idle counts
+    fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=[0, 1, 2], quota=1.5)
+    assert chosen(0, CPU, "idle") == 1  # a container's 1.5 CPUs: a second thread is throttled half the time
+    monkeypatch.setattr(BLOCK, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])),
                         raising=False)
-    assert module.idle_cores() is None and module.cpu_threads(0, CPU) == 1  # no /proc: one thread, the safe choice
+    assert BLOCK.idle_cores() is None and chosen(0, CPU, "idle") == 1  # no /proc: one thread, the safe choice
 
 
 def spin():
@@ -253,16 +255,14 @@ def spin():
         pass
 
 
-@pytest.mark.parametrize("script", IDLE_CORE_SCRIPTS)
-def test_beside_busy_processes_the_run_takes_one_thread(script, monkeypatch):
-    module = load_script(script)
+def test_beside_busy_processes_the_run_takes_one_thread(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     spinners = [mp.Process(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)))]
     for process in spinners:
         process.start()
     try:
         time.sleep(0.3)
-        assert module.idle_cores(0.5) < 0.75 and module.cpu_threads(0, CPU) == 1
+        assert BLOCK.idle_cores(0.5) < 0.75 and chosen(0, CPU, "idle") == 1
     finally:
         for process in spinners:
             process.kill()
