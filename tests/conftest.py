@@ -1,11 +1,23 @@
-"""Helpers shared by the tests: run a script as a subprocess and read its summary, or import its pieces."""
+"""Helpers shared by the tests: run a script as a subprocess and read its summary, or import its pieces; the two
+tiers (a plain `python -m pytest` leaves the tests marked slow out, `-m slow` runs them).
 
+The scripts' runs are forked from a server that has their imports done (tests/script_server.py): 6-7 s of imports
+a run on a 2-core CPU, hundreds of runs. LEANRL_TESTS_FRESH=1 runs each in a fresh interpreter instead."""
+
+import atexit
 import glob
 import importlib.util
 import json
 import os
+import resource
+import select
+import selectors
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from functools import partial
 
 import pytest
@@ -21,14 +33,149 @@ SUMMARY_KEYS = {
     "cudagraphs_active", "device", "torch_version", "sps", "steady_steps", "steady_seconds", "warmup_seconds",
     "total_seconds", "return_mean", "eval_return_mean", "peak_memory_mb", "env_seconds",
 }
+# What an interpreter reads once as it starts (sys.path, OpenMP and torch's threads): a run whose environment differs
+# from the script server's there gets a fresh interpreter (tests/script_server.py).
+READ_AT_START = ("PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                 "MKL_NUM_THREADS", "LD_PRELOAD")
 
 
-def run_script(script, args, cwd, check=True, timeout=900):
+class ScriptServer:
+    """The process that forks the scripts' runs with their imports done (tests/script_server.py); one a session."""
+
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="leanrl-tests-")
+        self.address = os.path.join(self.folder, "socket")
+        self.env = {**os.environ, "PYTHONPATH": ROOT}
+        self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "script_server.py"), self.address],
+                                        env=self.env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        assert self.process.stdout.readline() == "ready\n", "the script server did not start"
+        atexit.register(self.close)
+
+    def serves(self, env):
+        return all(env.get(name) == self.env.get(name) for name in READ_AT_START)
+
+    def start(self, request, fds):
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(self.address)
+        socket.send_fds(connection, [json.dumps(request).encode()], fds)
+        return connection
+
+    def close(self):
+        self.process.kill()
+        self.process.wait()
+        for name in os.listdir(self.folder):
+            os.remove(os.path.join(self.folder, name))
+        os.rmdir(self.folder)
+
+
+SERVER = []  # started by the first run that can use it
+
+
+class ServedScript:
+    """A run the server forked, with what the tests use of subprocess.Popen: pid, stdout and stderr (text),
+    poll, wait, send_signal, kill, communicate, returncode (negative: the signal that ended it)."""
+
+    def __init__(self, server, request):
+        pipes = [os.pipe() for _ in range(2)]
+        with open(os.devnull) as devnull:
+            self.connection = server.start(request, [devnull.fileno(), pipes[0][1], pipes[1][1]])
+        for _, write_end in pipes:
+            os.close(write_end)
+        self.stdout, self.stderr = (os.fdopen(read_end, "r") for read_end, _ in pipes)
+        self.args, self.received, self.returncode = [request["script"], *request["args"]], b"", None
+        self.pid = self.message(None)["pid"]
+
+    def message(self, timeout):
+        """The server's next line: the pid, then the exit code."""
+        while b"\n" not in self.received:
+            if not select.select([self.connection], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            chunk = self.connection.recv(4096)
+            assert chunk, "the script server went away"
+            self.received += chunk
+        line, self.received = self.received.split(b"\n", 1)
+        return json.loads(line)
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = self.message(timeout)["returncode"]
+            self.connection.close()
+        return self.returncode
+
+    def poll(self):
+        try:
+            return self.wait(timeout=0.001)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout=None):
+        """Both streams to their end, then the exit code; on a timeout the run is killed, as subprocess.run does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        selector, output = selectors.DefaultSelector(), {}
+        for stream in (self.stdout, self.stderr):
+            if not stream.closed:
+                selector.register(stream.fileno(), selectors.EVENT_READ, stream)
+                output[stream] = []
+        while selector.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            ready = selector.select(timeout=left) if left is None or left > 0 else []
+            if not ready:
+                self.kill()
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            for key, _ in ready:
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    output[key.data].append(chunk)
+                else:
+                    selector.unregister(key.fd)
+                    key.data.close()
+        self.wait(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        return tuple(b"".join(output.get(stream, [])).decode() for stream in (self.stdout, self.stderr))
+
+
+def start_script(script, args, cwd, env=None, new_session=False, sigint_default=False, file_size_limit=None):
+    """`python leanrl_scripts/<script> ARGS` in `cwd`, its stdout and stderr piped: forked by the script server, or a
+    fresh interpreter where its environment asks for one (READ_AT_START) or LEANRL_TESTS_FRESH=1 is set."""
+    path = os.path.join(SCRIPTS, script) if not os.path.isabs(script) else script
+    env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+    if os.environ.get("LEANRL_TESTS_FRESH") != "1":
+        if not SERVER:
+            SERVER.append(ScriptServer())
+        if SERVER[0].serves(env):
+            request = {"script": path, "args": list(map(str, args)), "cwd": str(cwd), "env": env,
+                       "new_session": new_session, "sigint_default": sigint_default, "file_size_limit": file_size_limit}
+            return ServedScript(SERVER[0], request)
+
+    def before_exec():
+        if sigint_default:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if file_size_limit is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    return subprocess.Popen([sys.executable, path, *map(str, args)], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=new_session, preexec_fn=before_exec)
+
+
+def run_script(script, args, cwd, check=True, timeout=900, env=None):
     """Run leanrl_scripts/<script> in `cwd`; return (summary or None, completed process)."""
     before = set(glob.glob(os.path.join(cwd, "runs", "*")))
-    env = {**os.environ, "PYTHONPATH": ROOT}  # lets gymnasium import test envs given as "tests.module:EnvId"
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    proc = start_script(script, args, cwd, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if not check:
         return None, proc
     assert proc.returncode == 0, f"{script} {args} failed:\n{proc.stderr[-3000:]}"
@@ -148,3 +295,28 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
     _, proc = run_script(script, ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
                          workdir, check=False, timeout=120)
     assert proc.returncode == 2 and "Pong-v5 has num_actions 6" in proc.stderr
+
+
+SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Two tiers: `python -m pytest` leaves out the tests marked slow (the learning tests among them), `-m slow` runs
+    only those, `-m "slow or not slow"` both; a test named by its node id runs whatever its tier."""
+    for item in items:
+        if item.get_closest_marker("learning"):
+            item.add_marker(pytest.mark.slow)
+    if config.option.markexpr or any("::" in arg for arg in config.args):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        config.hook.pytest_deselected(items=slow)
+        config.stash[SLOW_LEFT_OUT] = len(slow)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if config.stash.get(SLOW_LEFT_OUT, 0):
+        terminalreporter.write_line(f"{config.stash[SLOW_LEFT_OUT]} slow tests left out: python -m pytest -m slow "
+                                    "runs them (CI runs both tiers)")

@@ -78,6 +78,7 @@ def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
     assert cells[6:8] == ["125", "0.91"] and row.endswith("| 4 x 2 | 0.50 | 110 | 2.2 / 5 |")
 
 
+@pytest.mark.slow
 def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     """Two of the four modes (CI time: all four took 9.5 of CI's 40 minutes): eager, the collector's baseline,
     and compile+cudagraphs, the path no other test runs for some scripts; each script's own tests run the rest."""
@@ -131,6 +132,7 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
     assert width == 900 and height > width / 2
 
 
+@pytest.mark.slow
 def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(tmp_path):
     """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves, the
     losses and the table are read back against the runs' own records, and a second call runs nothing again."""

@@ -4,11 +4,9 @@ import functools
 import glob
 import os
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, SCRIPTS
+from conftest import ROOT, SCRIPTS, run_script
 
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py.
@@ -22,9 +20,7 @@ FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 @functools.cache
 def help_flags(script):
-    env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--help"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    _, proc = run_script(script, ["--help"], ROOT, check=False, timeout=120, env={"COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return set(FLAG.findall(proc.stdout))
 

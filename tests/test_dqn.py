@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from functools import partial
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SCRIPTS, SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script
+from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script, start_script
 
 SCRIPT, ASYNC = "dqn.py", "dqn_atari_async.py"
 # CleanRL's dqn.py settings, dqn.py's defaults; dqn_atari_async.py's are CleanRL's dqn_atari.py's.
@@ -28,9 +27,12 @@ CARTPOLE = ["--env-id", "CartPole-v1", "--learning-rate", 2.5e-4, "--buffer-size
 # CartPole: 1,000 steps, 500 of them before learning, one update per 10 steps (50 updates, 5 of them warm-up).
 TINY = ["--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000, "--measure-burnin", 5,
         "--eval-episodes", 2]
-# compile+cudagraphs runs in the run.sh smoke test (tests/test_benchmarks.py); without CUDA it is the compile path.
+# Without CUDA, cudagraphs runs the eager code and compile+cudagraphs the compiled one, each with one warning.
 MODES = {"eager": (SCRIPT, []), "compile": (SCRIPT, ["--compile"]), "cudagraphs": (SCRIPT, ["--cudagraphs"]),
-         "2-envs": (SCRIPT, ["--num-envs", 2]), "async": (ASYNC, CARTPOLE), "async+compile": (ASYNC, [*CARTPOLE, "--compile"])}
+         "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]), "2-envs": (SCRIPT, ["--num-envs", 2]),
+         "async": (ASYNC, CARTPOLE), "async+compile": (ASYNC, [*CARTPOLE, "--compile"]),
+         "async+cudagraphs": (ASYNC, [*CARTPOLE, "--cudagraphs"]),
+         "async+compile+cudagraphs": (ASYNC, [*CARTPOLE, "--compile", "--cudagraphs"])}
 
 
 def run_limiter(produce_pause, consume_pause, spi=4.0, min_size=50, error_buffer=40.0, inserts=600, per_insert=2,
@@ -219,11 +221,9 @@ def start_async_run(workdir, learning_starts=1000):
     """dqn_atari_async.py on CartPole long enough to be stopped, in its own process group; returns it once the actor
     process is up, with the actor's pid."""
     args = [*CARTPOLE, "--total-timesteps", 10**8, "--learning-starts", learning_starts, "--eval-episodes", 0]
-    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, ASYNC), *map(str, args)], cwd=workdir, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            # a test runner started in the background (`cmd &`) ignores SIGINT, and so would
-                            # the script, which Python then never turns into KeyboardInterrupt
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # a test runner started in the background (`cmd &`) ignores SIGINT, and so would the script, which Python then
+    # never turns into KeyboardInterrupt
+    proc = start_script(ASYNC, args, workdir, new_session=True, sigint_default=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "spawn_main"], capture_output=True, text=True)
@@ -268,7 +268,7 @@ def test_a_killed_learner_leaves_no_actor_behind(workdir):
 
     proc, actor_pid = start_async_run(workdir)
     proc.kill()
-    proc.communicate(timeout=10)
+    proc.wait(timeout=10)  # not communicate(): the actor holds the pipes until it exits
     deadline = time.monotonic() + 10
     try:
         while running(actor_pid) and time.monotonic() < deadline:

@@ -4,14 +4,11 @@ made, bad checkpoints, values that make no sense; and the progress lines it prin
 import glob
 import json
 import os
-import resource
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import SCRIPTS, run_script
+from conftest import run_script, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
 BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
@@ -84,11 +81,8 @@ def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, 
 def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
     """Output to a pipe, as under nohup or CI: progress lines come while it runs; the signal comes after one."""
     args = [*CASES[script]["base"], *CASES[script]["tiny"], *LONG, "--save-model", "--eval-episodes", 0]
-    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # a test runner started in the background (`cmd &`) ignores SIGINT, and so would
-                            # the script
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # a test runner started in the background (`cmd &`) ignores SIGINT, and so would the script
+    proc = start_script(script, args, workdir, sigint_default=True)
     try:
         first_line = proc.stderr.readline()
         assert first_line.startswith("step ") and " SPS, return " in first_line, first_line
@@ -111,24 +105,18 @@ def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
     assert checkpoint["env_id"] == CASES[script]["base"][1]
 
 
-def limit_file_size():
-    """A disk that fills at 50 kB: the summary and the TensorBoard events fit, a checkpoint does not."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
-
-
 # impala_ray.py and dqn_atari_async.py write the same way, but the limit would stop Ray's own log files, or the
 # storage in shared memory (a file in /dev/shm), first
 @pytest.mark.parametrize("script", [script for script in CASES if script not in ("impala_ray.py", "dqn_atari_async.py")])
 def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, workdir):
     args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 0]
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *map(str, args)], cwd=workdir,
-                          capture_output=True, text=True, timeout=600, preexec_fn=limit_file_size)
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    proc = start_script(script, args, workdir, file_size_limit=50_000)  # the summary and the events fit, a model not
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stderr[-2000:]
     run_dir = only_run_dir(workdir)
     model = os.path.join(os.path.relpath(run_dir, workdir), "model.pt")
-    assert error_lines(proc.stderr) == [f"error: could not write {model}: File too large"], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert error_lines(stderr) == [f"error: could not write {model}: File too large"], stderr
+    assert "Traceback" not in stderr
     assert strict_json(os.path.join(run_dir, "summary.json"))["stopped"] is None
     assert sorted(os.listdir(run_dir))[1:] == ["summary.json"]  # the events file, no model, no model.pt.tmp
 

@@ -5,12 +5,11 @@ so only a test finds it."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, SCRIPTS
+from conftest import ROOT, SCRIPTS, run_script
 
+PROBE = os.path.join(ROOT, "tests", "host_sync_probe.py")
 ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
 CASES = {
     "sac_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200,
@@ -36,10 +35,9 @@ CASES = {
 def test_compiled_pieces_make_no_host_sync(script, tmp_path):
     flags, pieces = CASES[script]
     log = tmp_path / "syncs.json"
-    env = {**os.environ, "HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"),
-                           os.path.join(SCRIPTS, script), *map(str, flags), "--compile", "--eval-episodes", "0"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
+    _, proc = run_script(PROBE, [os.path.join(SCRIPTS, script), *flags, "--compile", "--eval-episodes", 0], tmp_path,
+                         check=False, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = json.loads(log.read_text())
     assert set(calls) == pieces  # every piece ran under the probe, compiled or left eager on this CPU
@@ -58,8 +56,7 @@ def test_the_probe_finds_host_syncs(tmp_path):
         "    return x[x > 0], total\n"
         "torch.compile(update)(torch.arange(-2.0, 3.0))\n")
     log = tmp_path / "syncs.json"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"), str(piece)], check=True,
-                   env={**os.environ, "HOST_SYNC_LOG": str(log)})
+    assert run_script(PROBE, [piece], tmp_path, check=False, env={"HOST_SYNC_LOG": str(log)})[1].returncode == 0
     found = [call.split(" at ")[0] for call in json.loads(log.read_text())["update"]]
     assert found == ["item", "__bool__", "cpu", "__getitem__"]
 
@@ -76,7 +73,7 @@ def test_the_probe_also_watches_the_pieces_a_script_leaves_eager(tmp_path):
         "policy(torch.ones(3))\n"
         "torch.compile(update)(torch.ones(3))\n")
     log = tmp_path / "syncs.json"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "host_sync_probe.py"), str(piece)], check=True,
-                   env={**os.environ, "HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": "policy,update"})
+    env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": "policy,update"}
+    assert run_script(PROBE, [piece], tmp_path, check=False, env=env)[1].returncode == 0
     found = {name: [call.split(" at ")[0] for call in found] for name, found in json.loads(log.read_text()).items()}
     assert found == {"policy": ["item"], "update": ["cpu"]}  # update: once, though compiled and named

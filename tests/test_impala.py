@@ -6,15 +6,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from conftest import (SCRIPTS, SUMMARY_KEYS, assert_same_loss_and_gradients, done_patterns, load_script,
-                      loss_and_gradients, run_script)
+from conftest import (SUMMARY_KEYS, assert_same_loss_and_gradients, done_patterns, load_script,
+                      loss_and_gradients, run_script, start_script)
 
 SCRIPT = "impala_ray.py"
 IMPALA_KEYS = {"learner_updates_per_second", "actor_sps", "policy_lag_mean", "policy_lag_max", "actor_restarts",
@@ -151,9 +150,9 @@ def check_summary(summary, fresh_per_update):
     assert all(np.isfinite(value) for value in summary["final_metrics"].values())
 
 
-# compile+cudagraphs runs in the run.sh smoke test (tests/test_benchmarks.py).
 @pytest.mark.parametrize("mode, args, fresh_per_update", [
     ("compile", CARTPOLE + ["--compile", "--total-timesteps", 3200], 16 * 20),
+    ("compile+cudagraphs", CARTPOLE + ["--compile", "--cudagraphs", "--total-timesteps", 3200], 16 * 20),
     ("cudagraphs", CARTPOLE + ["--cudagraphs", "--total-timesteps", 3200, "--replay-ratio", 0.5, "--batch-size", 16,
                                "--replay-size", 24], 8 * 20),
     ("eager", ["--env-id", "Breakout-v5", "--resnet", "--num-actors", 2, "--envs-per-actor", 2, "--batch-size", 8,
@@ -163,7 +162,7 @@ def check_summary(summary, fresh_per_update):
                                "--batch-size", 16, "--replay-size", 24], 8 * 20),
     ("eager", ["--env-id", "Breakout-v5", "--resnet", "--lstm", "--num-actors", 2, "--envs-per-actor", 2,
                "--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5, "--total-timesteps", 640], 4 * 8),
-], ids=["compile-cartpole", "cudagraphs-cartpole-replay", "atari-resnet-replay", "compile-cartpole-lstm",
+], ids=["compile-cartpole", "compile+cudagraphs-cartpole", "cudagraphs-cartpole-replay", "atari-resnet-replay", "compile-cartpole-lstm",
         "cudagraphs-cartpole-replay-lstm", "atari-resnet-lstm-replay"])
 def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir):
     summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir)
@@ -171,10 +170,9 @@ def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir
     assert summary["lstm"] == ("--lstm" in args)
     assert (summary["lstm_padding"] >= 1.0) if summary["lstm"] else summary["lstm_padding"] is None
     assert summary["mode"] == mode and summary["num_envs"] == 2 * summary["envs_per_actor"]
-    assert summary["cudagraphs_requested"] == (mode == "cudagraphs") and not summary["cudagraphs_active"]
+    assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and not summary["cudagraphs_active"]
     assert len(summary["eval_returns"]) == 2 and summary["ray_address"] == "local"
-    if mode == "cudagraphs":
-        assert proc.stderr.count("--cudagraphs needs CUDA") == 1
+    assert proc.stderr.count("--cudagraphs needs CUDA") == ("cudagraphs" in mode)
 
 
 def test_a_killed_actor_is_restarted_and_training_continues(workdir):
@@ -182,8 +180,7 @@ def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     and trains to the end of its budget."""
     before = set(subprocess.run(["pgrep", "-f", "ray::UnrollActor"], capture_output=True, text=True).stdout.split())
     args = CARTPOLE + ["--total-timesteps", 120_000, "--eval-episodes", 0]
-    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, SCRIPT), *map(str, args)], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_script(SCRIPT, args, workdir)
     deadline, victim = time.time() + 120, None
     while victim is None and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
@@ -220,8 +217,7 @@ def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
     """A driver killed with SIGKILL cannot shut its local Ray down; Ray's GCS and raylet follow it, and without the
     script's reaper its two agents would stay a minute (see docs/impala.md)."""
     args = CARTPOLE + ["--total-timesteps", 10**7, "--eval-episodes", 0]
-    proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, SCRIPT), *map(str, args)], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_script(SCRIPT, args, workdir)
     ray_processes = set()
     try:
         first_line = proc.stderr.readline()  # a progress line: Ray, its agents and the actors are up

@@ -9,13 +9,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import SCRIPTS
+from conftest import SCRIPTS, start_script
 
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+pytestmark = pytest.mark.slow  # a two-node cluster starts for each test: 25-160 s each
 
 SCRIPT = os.path.join(SCRIPTS, "impala_ray.py")
 # 4 actors x 4 envs on CartPole, 16 unrolls (one call from each actor) per update
@@ -49,9 +49,7 @@ def actor_processes():
 
 
 def start_run(cluster, total_timesteps, workdir):
-    return subprocess.Popen([sys.executable, SCRIPT, *ARGS, "--total-timesteps", str(total_timesteps),
-                             "--ray-address", cluster.address], cwd=workdir, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return start_script(SCRIPT, [*ARGS, "--total-timesteps", total_timesteps, "--ray-address", cluster.address], workdir)
 
 
 def wait_for_actors(proc, before, count=4, timeout=120):

@@ -1,0 +1,131 @@
+"""Starts the scripts for the tests without paying their imports each time.
+
+A script's imports (torch, tensordict with torch._dynamo, gymnasium, TensorBoard, envpool) take 6-7 s of CPU on a
+2-core machine, and the tests start the scripts hundreds of times: most of the suite's time went there. This server
+imports them once; for each run it forks, and the child runs the script as `python script.py ARGS` would: its
+own argv, working directory, environment, session if asked, the test's pipes as stdin, stdout and stderr, the script
+run as __main__, then the interpreter's exit (non-daemon threads joined, atexit functions run, the exit code of
+SystemExit, SIGINT re-raised after a KeyboardInterrupt). What a fork cannot give is what the interpreter reads once
+at start-up: conftest.start_script runs a fresh interpreter when a test's environment differs from the server's there
+(PYTHONPATH, the OpenMP and thread variables), and LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter.
+
+    python tests/script_server.py SOCKET    (conftest.py starts it; one JSON request per connection)
+"""
+
+import atexit
+import ctypes
+import json
+import os
+import resource
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import threading
+
+# Read once by libgomp when torch loads it: the CNN scripts set it before their imports, and sleeping idle threads
+# are also what a 2-core machine running tests wants from the MLP scripts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import gymnasium  # noqa: E402,F401
+import numpy  # noqa: E402,F401
+import tensordict.nn  # noqa: E402,F401
+import torch  # noqa: E402,F401
+import torch.utils.tensorboard  # noqa: E402,F401
+import tqdm  # noqa: E402,F401
+import tyro  # noqa: E402,F401
+
+try:
+    import envpool  # noqa: F401
+except ModuleNotFoundError:
+    pass
+
+FDS = 3  # stdin, stdout, stderr
+
+
+def run_child(request, fds):
+    """In the forked child: become `python script args` and never return."""
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    if request["sigint_default"]:  # what a fresh interpreter does when SIGINT is not ignored as it starts
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if request["file_size_limit"] is not None:  # a full disk: a write past the limit fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"],) * 2)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script = request["script"]
+    sys.argv = [script, *request["args"]]
+    sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit:
+        if exit.code is None or isinstance(exit.code, int):
+            code = exit.code or 0
+        else:
+            print(exit.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code = -signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # the interpreter's own exit: non-daemon threads, then atexit, then the streams
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    ctypes.CDLL(None).fflush(None)  # what C libraries left in their stdio buffers, as exit() would write it
+    if code == -signal.SIGINT:  # as Python does after an uncaught KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def serve(path):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    waiting = {}  # child pid -> the connection its exit status goes to
+    print("ready", flush=True)
+    while True:
+        for _ in selector.select(timeout=0.05):
+            connection, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, FDS)
+            request = json.loads(message)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                selector.close()
+                listener.close()
+                connection.close()
+                run_child(request, fds)
+            for fd in fds:
+                os.close(fd)
+            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            waiting[pid] = connection
+        for pid, connection in list(waiting.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                try:
+                    connection.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                except OSError:  # the test went away without waiting
+                    pass
+                connection.close()
+                del waiting[pid]
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
