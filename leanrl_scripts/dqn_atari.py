@@ -517,7 +517,9 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
+        self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
@@ -548,7 +550,7 @@ class Run:
         if self.args.track:
             self.start_wandb()
         try:
-            os.makedirs(self.dir, exist_ok=True)
+            os.makedirs(self.dir)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
             self.writer = SummaryWriter(self.dir)
         except OSError as error:  # `runs` is a file, no permission, a read-only disk
             fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")

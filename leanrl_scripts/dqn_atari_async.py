@@ -497,6 +497,7 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
     `q_network` (a CPU copy in shared memory the learner refreshes under `weights_lock`), or on CUDA with its own
     copy on the GPU; finished games' true scores, its env time so far and any error go to `reports`. It starts with
     Ctrl-C ignored (see ActorProcess)."""
+    parent_alive = mp.parent_process().is_alive  # the learner: also right when it died while this process started
     try:
         torch.set_num_threads(1)  # one core plays, the others train
         envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
@@ -508,8 +509,6 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
         acting_device = device if device_copy else torch.device("cpu")
         acting = device_copy.network if device_copy else q_network
         policy_step, rng = partial(policy, q_network=acting), np.random.default_rng(args.seed)
-        parent = os.getppid()
-        parent_alive = lambda: os.getppid() == parent  # noqa: E731
         num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
         obs, _ = envs.reset()
         scores, env_seconds = np.zeros(args.num_envs), 0.0
@@ -784,7 +783,9 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        self.dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
+        self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
 
@@ -815,7 +816,7 @@ class Run:
         if self.args.track:
             self.start_wandb()
         try:
-            os.makedirs(self.dir, exist_ok=True)
+            os.makedirs(self.dir)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
             self.writer = SummaryWriter(self.dir)
         except OSError as error:  # `runs` is a file, no permission, a read-only disk
             fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")

@@ -217,9 +217,10 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, work
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
 
 
-def start_async_run(workdir, learning_starts=1000):
-    """dqn_atari_async.py on CartPole long enough to be stopped, in its own process group; returns it once the actor
-    process is up, with the actor's pid."""
+def start_async_run(workdir, learning_starts=1000, until="playing"):
+    """dqn_atari_async.py on CartPole long enough to be stopped, in its own process group; returns it with the actor's
+    pid once the actor process exists ("started": it may still be importing), plays ("playing": the learner's first
+    progress line has come), or 3 s after it exists ("waiting": learning_starts far away, the learner waits for it)."""
     args = [*CARTPOLE, "--total-timesteps", 10**8, "--learning-starts", learning_starts, "--eval-episodes", 0]
     # a test runner started in the background (`cmd &`) ignores SIGINT, and so would the script, which Python then
     # never turns into KeyboardInterrupt
@@ -228,7 +229,10 @@ def start_async_run(workdir, learning_starts=1000):
     while time.monotonic() < deadline:
         children = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "spawn_main"], capture_output=True, text=True)
         if children.stdout.split():
-            time.sleep(3)  # the actor imports, plays its first steps, learning starts
+            if until == "playing":
+                line = proc.stderr.readline()
+                assert line.startswith("step "), line + proc.stderr.read()[-2000:]
+            time.sleep(3 if until == "waiting" else 0)
             return proc, int(children.stdout.split()[0])
         time.sleep(0.2)
     proc.kill()
@@ -256,9 +260,10 @@ def test_a_dead_actor_stops_the_learner_with_a_clear_error(workdir):
     assert processes_in_group(proc.pid) == []
 
 
-def test_a_killed_learner_leaves_no_actor_behind(workdir):
+@pytest.mark.parametrize("until", ["started", "playing"])
+def test_a_killed_learner_leaves_no_actor_behind(until, workdir):
     """SIGKILL gives the learner no chance to stop its actor: the actor sees its parent gone at its next wait (each
-    wait checks every second) and exits."""
+    wait checks every second) and exits; also when the learner died while the actor was still importing."""
     def running(pid):  # a process that has exited but is not reaped yet (a zombie) does not count
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -266,7 +271,7 @@ def test_a_killed_learner_leaves_no_actor_behind(workdir):
         except FileNotFoundError:
             return False
 
-    proc, actor_pid = start_async_run(workdir)
+    proc, actor_pid = start_async_run(workdir, until=until)
     proc.kill()
     proc.wait(timeout=10)  # not communicate(): the actor holds the pipes until it exits
     deadline = time.monotonic() + 10
@@ -297,7 +302,8 @@ def test_ctrl_c_stops_learner_and_actor(workdir):
 def test_ctrl_c_while_the_learner_waits_for_learning_starts(workdir):
     """The learner sleeps in the rate limiter until learning_starts transitions are in (80,000 by default: minutes
     of play on Atari); Ctrl-C stops it there within seconds, not when learning would have begun."""
-    proc, _ = start_async_run(workdir, learning_starts=10**6)  # the actor needs about 100 s to play them
+    # the actor needs about 100 s to play them
+    proc, _ = start_async_run(workdir, learning_starts=10**6, until="waiting")
     os.killpg(proc.pid, signal.SIGINT)
     interrupted = time.monotonic()
     try:

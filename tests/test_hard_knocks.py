@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -151,6 +152,19 @@ def test_a_run_folder_that_cannot_be_made_is_one_error_line_and_exit_code_2(scri
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("error: cannot make the run folder runs/") and lines[0].endswith(": Not a directory")
+
+
+def test_a_run_started_in_the_same_second_with_the_same_settings_gets_a_folder_of_its_own(workdir):
+    now = int(time.time())
+    taken = [os.path.join(workdir, "runs", f"CartPole-v1__dqn__1__eager__{t}") for t in range(now, now + 60)]
+    for folder in taken:
+        os.makedirs(folder)
+        with open(os.path.join(folder, "summary.json"), "w") as f:
+            f.write("{}")
+    summary, _ = run_script("dqn.py", CASES["dqn.py"]["tiny"] + ["--eval-episodes", 0], workdir)
+    assert os.path.dirname(summary["run_dir"]) == os.path.join(workdir, "runs")
+    assert summary["run_dir"].endswith("-2") and summary["run_dir"][: -len("-2")] in taken
+    assert all(os.listdir(folder) == ["summary.json"] for folder in taken)
 
 
 @pytest.mark.parametrize("script", CASES)
