@@ -67,7 +67,9 @@ def table(name, runs):
             learner_seconds = run["steady_seconds"] - run["learner_wait_seconds"]
         learner_bound = run["steady_steps"] / learner_seconds if run["steady_steps"] and learner_seconds > 0 else None
         ceiling = min((c for c in (env_only, learner_bound, run.get("actor_sps")) if c), default=None)
-        label = mode + (" (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else "")
+        label = mode + (
+            " (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else ""
+        )
         # the env's time in the run against the env-only time of as many steps: above 1, the loop slows the env
         env_ratio = run["env_seconds"] * env_only / run["steady_steps"] if env_only and run["steady_steps"] else None
         lines.append(
@@ -77,8 +79,12 @@ def table(name, runs):
             f"| {fmt(env_ratio, '.2f')} |"
             + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
             + (f" {run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f} |" if replay else "")
-            + (f" {run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} | {fmt(run['actor_sps'])} "
-               f"| {fmt(run['policy_lag_mean'], '.1f')} / {fmt(run['policy_lag_max'])} |" if actors else "")
+            + (
+                f" {run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} | {fmt(run['actor_sps'])} "
+                f"| {fmt(run['policy_lag_mean'], '.1f')} / {fmt(run['policy_lag_max'])} |"
+                if actors
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -90,8 +96,9 @@ def reference_line(references):
     """The reference scripts' speed beside ours, the comparison the tables exist for. Not divided into the table's
     runs: they were measured in their own sessions; the ratio is to ours from the same sitting, where given."""
     scripts = {label: sps for label, sps in references.items() if label != SAME_SITTING}
-    line = "Reference scripts on this machine kind: " + ", ".join(f"{label} {sps:.0f} SPS" for label, sps in
-                                                                  scripts.items())
+    line = "Reference scripts on this machine kind: " + ", ".join(
+        f"{label} {sps:.0f} SPS" for label, sps in scripts.items()
+    )
     if SAME_SITTING in references:
         line += f" (ours in the same sitting, alternating runs: {references[SAME_SITTING]:.0f} SPS)"
     return line + "."
@@ -112,28 +119,42 @@ def chart(results, references, path):
     inactive = False
     for ax, (name, runs) in zip(axes.flat, results.items()):
         modes = [m for m in MODES if m in runs]
-        labels = [short[m] + ("*" if runs[m]["cudagraphs_requested"] and not runs[m]["cudagraphs_active"] else "")
-                  for m in modes]
+        labels = [
+            short[m] + ("*" if runs[m]["cudagraphs_requested"] and not runs[m]["cudagraphs_active"] else "")
+            for m in modes
+        ]
         inactive = inactive or any(label.endswith("*") for label in labels)
         refs = references.get(name, {})
         values = [runs[m]["sps"] or 0 for m in modes] + list(refs.values())
         ours_there = [label == SAME_SITTING for label in refs]
         colors = [MODE_COLORS[m] for m in modes] + ["#dddddd" if o else "white" for o in ours_there]
-        bars = ax.bar(range(len(values)), values, color=colors, edgecolor="black", linewidth=0.5,
-                      hatch=[""] * len(modes) + ["" if o else "///" for o in ours_there])
+        bars = ax.bar(
+            range(len(values)),
+            values,
+            color=colors,
+            edgecolor="black",
+            linewidth=0.5,
+            hatch=[""] * len(modes) + ["" if o else "///" for o in ours_there],
+        )
         ax.bar_label(bars, fmt="%.0f", fontsize=6)
         crowded = len(values) > 4  # five labels side by side already run into each other
-        ax.set_xticks(range(len(values)), labels + [label.replace(" ", "\n", 1) for label in refs], fontsize=6,
-                      rotation=40 if crowded else 0, ha="right" if crowded else "center")
+        ax.set_xticks(
+            range(len(values)),
+            labels + [label.replace(" ", "\n", 1) for label in refs],
+            fontsize=6,
+            rotation=40 if crowded else 0,
+            ha="right" if crowded else "center",
+        )
         ax.set_title(f"{name}: {runs[modes[0]]['env_id']}, {runs[modes[0]]['device']}", fontsize=7)
         ax.tick_params(axis="y", labelsize=6)
         ax.margins(y=0.15)
-    for ax in axes.flat[len(results):]:
+    for ax in axes.flat[len(results) :]:
         ax.axis("off")
     axes[0][0].set_ylabel("env steps / s", fontsize=7)
     footnote = "hatched: reference scripts, same machine kind; light grey: ours in the references' sitting"
-    fig.text(0.01, 0.003, footnote + ("; *: CUDA graphs requested, inactive without CUDA" if inactive else ""),
-             fontsize=6)
+    fig.text(
+        0.01, 0.003, footnote + ("; *: CUDA graphs requested, inactive without CUDA" if inactive else ""), fontsize=6
+    )
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -148,16 +169,23 @@ def main(folder):
     if os.path.exists(os.path.join(folder, "reference.json")):
         with open(os.path.join(folder, "reference.json")) as f:
             references = {name: sps for name, sps in json.load(f).items() if name in results}
-    markdown = "\n\n".join(table(name, runs) + (f"\n\n{reference_line(references[name])}" if name in references
-                                                  else "") for name, runs in results.items()) + "\n"
+    markdown = (
+        "\n\n".join(
+            table(name, runs) + (f"\n\n{reference_line(references[name])}" if name in references else "")
+            for name, runs in results.items()
+        )
+        + "\n"
+    )
     update_path = os.path.join(folder, "lstm_update.json")  # written by benchmarks/ppo_lstm.sh
     if os.path.exists(update_path):
         with open(update_path) as f:
             phase = json.load(f)
         markdown += (
             f"\n### PPO-LSTM update phase: one minibatch ({phase['env_rows']} env rows x {phase['num_steps']} steps, "
-            f"{phase['episode_starts']} episode starts, padded/real steps {phase['padded_steps'] / phase['real_steps']:.1f})\n\n"
-            "| CNN only ms | padded ms | loop ms | padded / CNN only | loop / padded |\n| ---: | ---: | ---: | ---: | ---: |\n"
+            f"{phase['episode_starts']} episode starts, "
+            f"padded/real steps {phase['padded_steps'] / phase['real_steps']:.1f})\n\n"
+            "| CNN only ms | padded ms | loop ms | padded / CNN only | loop / padded |\n"
+            "| ---: | ---: | ---: | ---: | ---: |\n"
             f"| {phase['cnn_only']:.1f} | {phase['padded']:.1f} | {phase['loop']:.1f} "
             f"| {phase['padded'] / phase['cnn_only']:.2f} | {phase['loop'] / phase['padded']:.2f} |\n"
         )

@@ -33,8 +33,12 @@ def alternating_compile(fn=None, **options):
     if fn is None:  # used as @torch.compile(...)
         return lambda f: alternating_compile(f, **options)
     compiled = real_compile(fn, **options)
-    piece = {"name": getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__), "calls": 0, "eager": [],
-             "compiled": []}
+    piece = {
+        "name": getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__),
+        "calls": 0,
+        "eager": [],
+        "compiled": [],
+    }
     pieces.append(piece)
 
     def call(*call_args, **call_kwargs):

@@ -21,8 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def steps_per_second(steps, num_envs, batch_size, **options):
     """Random actions, stepped synchronously (batch = envs) or with send/recv (a batch of the envs at a time)."""
-    envs = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=1,
-                        **options)
+    envs = envpool.make(
+        "Breakout-v5", env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=1, **options
+    )
     rng = np.random.default_rng(1)
     iterations = steps // batch_size
     actions = [rng.integers(4, size=batch_size, dtype=np.int32) for _ in range(iterations + 1)]
@@ -59,19 +60,34 @@ def main():
             quota = f.read().strip()
     except OSError:
         quota = None
-    print(json.dumps({"cpu_count": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)), "cpu.max": quota,
-                      "usable_cores": script.usable_cores(), "envpool": envpool.__version__}), flush=True)
+    print(
+        json.dumps(
+            {
+                "cpu_count": os.cpu_count(),
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "cpu.max": quota,
+                "usable_cores": script.usable_cores(),
+                "envpool": envpool.__version__,
+            }
+        ),
+        flush=True,
+    )
     layouts = []
     sizes = [int(n) for n in args.envs.split(",")]
     for n in sizes:
         threads = min(n, script.usable_cores())
-        layouts += [("script", n, n, {"num_threads": threads}), ("envpool default", n, n, {}),
-                    ("pinned", n, n, {"num_threads": threads, "thread_affinity_offset": 0}),
-                    ("script --envpool-async", n, n // 2, {"num_threads": threads})]
+        layouts += [
+            ("script", n, n, {"num_threads": threads}),
+            ("envpool default", n, n, {}),
+            ("pinned", n, n, {"num_threads": threads, "thread_affinity_offset": 0}),
+            ("script --envpool-async", n, n // 2, {"num_threads": threads}),
+        ]
     for batch in [n for n in sizes if n <= 16]:  # 3 envs a batch slot: 48 envs at most
         pinned = {"num_threads": batch, "thread_affinity_offset": 0}
-        layouts += [("envpool benchmark async", 3 * batch, batch, {"num_threads": batch}),
-                    ("envpool benchmark async, pinned", 3 * batch, batch, pinned)]
+        layouts += [
+            ("envpool benchmark async", 3 * batch, batch, {"num_threads": batch}),
+            ("envpool benchmark async, pinned", 3 * batch, batch, pinned),
+        ]
     for label, num_envs, batch_size, options in layouts:
         sps = steps_per_second(args.steps, num_envs, batch_size, **options)
         record = {"setup": label, "num_envs": num_envs, "batch_size": batch_size, **options, "sps": round(sps)}

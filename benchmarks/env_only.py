@@ -51,9 +51,19 @@ def main():
         envs.step(action)
     seconds = time.perf_counter() - start
     envs.close()
-    print(json.dumps({"script": os.path.basename(args.script), "env_id": args.env_id, "num_envs": args.num_envs,
-                      "steps": len(actions) * args.num_envs, "seconds": seconds,
-                      "env_only_sps": len(actions) * args.num_envs / seconds, **cores(script)}))
+    print(
+        json.dumps(
+            {
+                "script": os.path.basename(args.script),
+                "env_id": args.env_id,
+                "num_envs": args.num_envs,
+                "steps": len(actions) * args.num_envs,
+                "seconds": seconds,
+                "env_only_sps": len(actions) * args.num_envs / seconds,
+                **cores(script),
+            }
+        )
+    )
 
 
 def cores(script):
@@ -66,8 +76,12 @@ def cores(script):
     except (OSError, ValueError):
         quota = None
     usable = script.usable_cores()
-    return {"cpu_count": os.cpu_count(), "affinity_cores": len(os.sched_getaffinity(0)), "cgroup_cpu_quota": quota,
-            "usable_cores": usable}
+    return {
+        "cpu_count": os.cpu_count(),
+        "affinity_cores": len(os.sched_getaffinity(0)),
+        "cgroup_cpu_quota": quota,
+        "usable_cores": usable,
+    }
 
 
 if __name__ == "__main__":

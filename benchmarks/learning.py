@@ -41,32 +41,92 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("smoke", "quick", "full")
-IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16,
-                   "--learning-rate", 3e-4]  # docs/impala.md's CartPole settings, those of its learning test
+IMPALA_CARTPOLE = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-actors",
+    2,
+    "--envs-per-actor",
+    4,
+    "--batch-size",
+    16,
+    "--learning-rate",
+    3e-4,
+]  # docs/impala.md's CartPole settings, those of its learning test
 # task: (script, {profile: flags}); a task missing from a profile does not run in it. quick: tasks a 2-core CPU learns
 # in minutes a seed (PPO Atari: 1M steps, about half an hour); full: CleanRL's benchmark budgets and envs.
 TASKS = {
-    "sac_pendulum": ("sac_continuous_action.py", {
-        "smoke": ["--env-id", "Pendulum-v1", "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 32],
-        "quick": ["--env-id", "Pendulum-v1", "--total-timesteps", 15_000, "--learning-starts", 1000]}),
-    "td3_pendulum": ("td3_continuous_action.py", {
-        "smoke": ["--env-id", "Pendulum-v1", "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 32],
-        "quick": ["--env-id", "Pendulum-v1", "--total-timesteps", 15_000, "--learning-starts", 1000]}),
-    "sac_halfcheetah": ("sac_continuous_action.py", {"full": ["--env-id", "HalfCheetah-v5", "--total-timesteps", 10**6]}),
-    "td3_halfcheetah": ("td3_continuous_action.py", {"full": ["--env-id", "HalfCheetah-v5", "--total-timesteps", 10**6]}),
-    "ppo_continuous_hopper": ("ppo_continuous_action.py", {
-        "smoke": ["--env-id", "Pendulum-v1", "--total-timesteps", 1024, "--num-steps", 512],
-        "quick": ["--env-id", "Hopper-v5", "--total-timesteps", 200_000],
-        "full": ["--env-id", "Hopper-v5", "--total-timesteps", 10**6]}),
-    "dqn_cartpole": ("dqn.py", {
-        "smoke": ["--total-timesteps", 2000, "--learning-starts", 500],
-        "quick": ["--total-timesteps", 500_000], "full": ["--total-timesteps", 500_000]}),
-    "ppo_atari_breakout": ("ppo_atari_envpool.py", {
-        "smoke": ["--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2],
-        "quick": ["--total-timesteps", 10**6], "full": ["--total-timesteps", 10**7]}),
-    "impala_cartpole": ("impala_ray.py", {
-        "smoke": IMPALA_CARTPOLE + ["--total-timesteps", 3000],
-        "quick": IMPALA_CARTPOLE + ["--total-timesteps", 10**6]}),
+    "sac_pendulum": (
+        "sac_continuous_action.py",
+        {
+            "smoke": [
+                "--env-id",
+                "Pendulum-v1",
+                "--total-timesteps",
+                400,
+                "--learning-starts",
+                200,
+                "--batch-size",
+                32,
+            ],
+            "quick": ["--env-id", "Pendulum-v1", "--total-timesteps", 15_000, "--learning-starts", 1000],
+        },
+    ),
+    "td3_pendulum": (
+        "td3_continuous_action.py",
+        {
+            "smoke": [
+                "--env-id",
+                "Pendulum-v1",
+                "--total-timesteps",
+                400,
+                "--learning-starts",
+                200,
+                "--batch-size",
+                32,
+            ],
+            "quick": ["--env-id", "Pendulum-v1", "--total-timesteps", 15_000, "--learning-starts", 1000],
+        },
+    ),
+    "sac_halfcheetah": (
+        "sac_continuous_action.py",
+        {"full": ["--env-id", "HalfCheetah-v5", "--total-timesteps", 10**6]},
+    ),
+    "td3_halfcheetah": (
+        "td3_continuous_action.py",
+        {"full": ["--env-id", "HalfCheetah-v5", "--total-timesteps", 10**6]},
+    ),
+    "ppo_continuous_hopper": (
+        "ppo_continuous_action.py",
+        {
+            "smoke": ["--env-id", "Pendulum-v1", "--total-timesteps", 1024, "--num-steps", 512],
+            "quick": ["--env-id", "Hopper-v5", "--total-timesteps", 200_000],
+            "full": ["--env-id", "Hopper-v5", "--total-timesteps", 10**6],
+        },
+    ),
+    "dqn_cartpole": (
+        "dqn.py",
+        {
+            "smoke": ["--total-timesteps", 2000, "--learning-starts", 500],
+            "quick": ["--total-timesteps", 500_000],
+            "full": ["--total-timesteps", 500_000],
+        },
+    ),
+    "ppo_atari_breakout": (
+        "ppo_atari_envpool.py",
+        {
+            "smoke": ["--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2],
+            "quick": ["--total-timesteps", 10**6],
+            "full": ["--total-timesteps", 10**7],
+        },
+    ),
+    "impala_cartpole": (
+        "impala_ray.py",
+        {
+            "smoke": IMPALA_CARTPOLE + ["--total-timesteps", 3000],
+            "quick": IMPALA_CARTPOLE + ["--total-timesteps", 10**6],
+        },
+    ),
     # what a user gets who names only the env: every other flag at its default (10M steps)
     "impala_cartpole_defaults": ("impala_ray.py", {"full": ["--env-id", "CartPole-v1"]}),
 }
@@ -75,8 +135,12 @@ EVAL_EPISODES = {"smoke": 2, "quick": 10, "full": 10}
 # The reference scripts run on the same tasks with the same flags (less our --eval-episodes), at fixed commits:
 # side: (repository, commit, folder of its scripts, the repository's files they import, put beside them).
 REFERENCE_REPOS = {
-    "CleanRL": ("vwxyzjn/cleanrl", "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb", "cleanrl",
-                ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
+    "CleanRL": (
+        "vwxyzjn/cleanrl",
+        "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb",
+        "cleanrl",
+        ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"],
+    ),
     "LeanRL": ("pytorch-labs/LeanRL", "8dbb6336b7f6cc65cdbbeb2e86637c38867e2677", "leanrl", []),
 }
 REFERENCES = {
@@ -121,37 +185,57 @@ _gym.vector.SyncVectorEnv = _SyncVectorEnv029
 # (end of the shim; the script follows unchanged but for the lines benchmarks/learning.py lists)
 """
 # Line patches a script needs beyond the shim: (old, new, why).
-CLIP_OBS_SPACE = ("gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
-                  "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
-                  "gymnasium 1.x's TransformObservation takes the observation space")
-DETACHED_ACTOR_NO_GRAD = ("    from_module(actor).data.to_module(actor_detach)\n",
-                          "    from_module(actor).data.to_module(actor_detach)\n    actor_detach.requires_grad_(False)\n",
-                          "tensordict 0.14's to_module puts the copied weights back as parameters that require grad")
+CLIP_OBS_SPACE = (
+    "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+    "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+    "gymnasium 1.x's TransformObservation takes the observation space",
+)
+DETACHED_ACTOR_NO_GRAD = (
+    "    from_module(actor).data.to_module(actor_detach)\n",
+    "    from_module(actor).data.to_module(actor_detach)\n    actor_detach.requires_grad_(False)\n",
+    "tensordict 0.14's to_module puts the copied weights back as parameters that require grad",
+)
 REFERENCE_PATCHES = {
     "sac_continuous_action_torchcompile": [
         DETACHED_ACTOR_NO_GRAD,
-        ('TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])',
-         'TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], in_keys=["observation"], out_keys=["action"])',
-         "tensordict since 0.7 refuses more outputs than out_keys (it had dropped the other two)")],
+        (
+            'TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])',
+            "TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], "
+            'in_keys=["observation"], out_keys=["action"])',
+            "tensordict since 0.7 refuses more outputs than out_keys (it had dropped the other two)",
+        ),
+    ],
     "td3_continuous_action_torchcompile": [DETACHED_ACTOR_NO_GRAD],
     "ppo_continuous_action": [CLIP_OBS_SPACE],
-    "ppo_continuous_action_torchcompile": [CLIP_OBS_SPACE, (
-        "    agent_inference_p.to_module(agent_inference)\n",
-        "    agent_inference_p.to_module(agent_inference)\n    agent_inference.requires_grad_(False)\n",
-        DETACHED_ACTOR_NO_GRAD[2])],
+    "ppo_continuous_action_torchcompile": [
+        CLIP_OBS_SPACE,
+        (
+            "    agent_inference_p.to_module(agent_inference)\n",
+            "    agent_inference_p.to_module(agent_inference)\n    agent_inference.requires_grad_(False)\n",
+            DETACHED_ACTOR_NO_GRAD[2],
+        ),
+    ],
     "ppo_atari_envpool": [
         ("import gym\n", "import gymnasium as gym\n", "gym 0.x is not installed; envpool 1.2 speaks gymnasium"),
         ('env_type="gym",', 'env_type="gymnasium",', "envpool's gymnasium API"),
-        ("        observations = super().reset(**kwargs)\n", "        observations, _ = super().reset(**kwargs)\n",
-         "gymnasium's reset returns (observations, infos)"),
-        ("        observations, rewards, dones, infos = super().step(action)\n",
-         "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
-         "        dones = terminations | truncations\n", "gymnasium's step returns terminations and truncations"),
-        ("    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
-         "    envs.single_observation_space = envs.observation_space\n    envs = RecordEpisodeStatistics(envs)\n",
-         "    envs = RecordEpisodeStatistics(envs)\n    envs.single_action_space = envs.action_space\n"
-         "    envs.single_observation_space = envs.observation_space\n",
-         "envpool's gymnasium env has num_envs and takes no new attributes; the wrapper does"),
+        (
+            "        observations = super().reset(**kwargs)\n",
+            "        observations, _ = super().reset(**kwargs)\n",
+            "gymnasium's reset returns (observations, infos)",
+        ),
+        (
+            "        observations, rewards, dones, infos = super().step(action)\n",
+            "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
+            "        dones = terminations | truncations\n",
+            "gymnasium's step returns terminations and truncations",
+        ),
+        (
+            "    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
+            "    envs.single_observation_space = envs.observation_space\n    envs = RecordEpisodeStatistics(envs)\n",
+            "    envs = RecordEpisodeStatistics(envs)\n    envs.single_action_space = envs.action_space\n"
+            "    envs.single_observation_space = envs.observation_space\n",
+            "envpool's gymnasium env has num_envs and takes no new attributes; the wrapper does",
+        ),
     ],
 }
 # LeanRL's scripts log to Weights & Biases only, the running mean of the last 20 episodes' returns ("episode_return");
@@ -209,8 +293,9 @@ print(", ".join(found))
 
 
 def git_show(repo_dir, commit, path):
-    return subprocess.run(["git", "-C", repo_dir, "show", f"{commit}:{path}"], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["git", "-C", repo_dir, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def reference_script(side, task, repo_dir):
@@ -220,8 +305,10 @@ def reference_script(side, task, repo_dir):
     _, commit, scripts, _ = REFERENCE_REPOS[side]
     path = f"{scripts}/{name}.py"
     text = git_show(repo_dir, commit, path)
-    reasons = ["prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
-               "final_observation and final_info (benchmarks/learning.py, GYMNASIUM_029_SHIM)"]
+    reasons = [
+        "prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
+        "final_observation and final_info (benchmarks/learning.py, GYMNASIUM_029_SHIM)"
+    ]
     for old, new, why in REFERENCE_PATCHES.get(name, []):
         if old not in text:
             raise SystemExit(f"error: {side}'s {path} at {commit[:8]} no longer has the line patched for: {why}")
@@ -257,11 +344,18 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
         else:
             script, text, patches = reference_script(side, task, repo_dir)
             repository, commit, _, support = REFERENCE_REPOS[side]
-            record.update(repository=repository, commit=commit, patches=patches,
-                          packages=subprocess.run([reference_python, "-c", PACKAGE_VERSIONS], capture_output=True,
-                                                  text=True).stdout.strip())
-            for name, content in [(os.path.basename(script), text),
-                                  *[(file, git_show(repo_dir, commit, file)) for file in support]]:
+            record.update(
+                repository=repository,
+                commit=commit,
+                patches=patches,
+                packages=subprocess.run(
+                    [reference_python, "-c", PACKAGE_VERSIONS], capture_output=True, text=True
+                ).stdout.strip(),
+            )
+            for name, content in [
+                (os.path.basename(script), text),
+                *[(file, git_show(repo_dir, commit, file)) for file in support],
+            ]:
                 os.makedirs(os.path.dirname(os.path.join(workdir, name)), exist_ok=True)
                 with open(os.path.join(workdir, name), "w") as f:
                     f.write(content)
@@ -270,30 +364,41 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
         path = os.path.join(ROOT, script) if side == "ours" else os.path.join(workdir, os.path.basename(script))
         command = [python if side == "ours" else reference_python, path, *flags, "--seed", str(seed)]
         started = time.time()
-        proc = subprocess.run(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
         seconds = time.time() - started
         speed = [line for line in proc.stdout.splitlines() if line.startswith("SPEED ")]
         if proc.returncode or (side == "ours" and not speed):
-            raise SystemExit(f"error: {task} {side} seed {seed} failed (exit code {proc.returncode}): "
-                             f"{' '.join(command)}\n{proc.stderr[-2000:]}")
+            raise SystemExit(
+                f"error: {task} {side} seed {seed} failed (exit code {proc.returncode}): "
+                f"{' '.join(command)}\n{proc.stderr[-2000:]}"
+            )
         tensorboard = glob.glob(os.path.join(workdir, "runs", "*"))
         steps, times, returns, losses = tensorboard_scalars(tensorboard[0]) if tensorboard else ([], [], [], {})
         if not returns and side != "ours":
             steps, times, returns = logged_running_means(workdir)
             record["returns_kind"] = "running mean of the last 20 episodes (LeanRL's wandb log)"
-    record.update(command=" ".join([script, *flags]), total_seconds=seconds, steps=steps, seconds=times,
-                  returns=returns, losses=losses, steps_done=int(flags[flags.index("--total-timesteps") + 1])
-                  if "--total-timesteps" in flags else None)
+    record.update(
+        command=" ".join([script, *flags]),
+        total_seconds=seconds,
+        steps=steps,
+        seconds=times,
+        returns=returns,
+        losses=losses,
+        steps_done=int(flags[flags.index("--total-timesteps") + 1]) if "--total-timesteps" in flags else None,
+    )
     if side == "ours":
-        record["summary"] = json.loads(speed[-1][len("SPEED "):])
+        record["summary"] = json.loads(speed[-1][len("SPEED ") :])
         record["steps_done"] = record["summary"]["steps_done"]
     os.makedirs(os.path.dirname(record_path), exist_ok=True)
     with open(record_path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(record_path + ".tmp", record_path)
     final = record["summary"]["eval_return_mean"] if side == "ours" else final_training_return(record)
-    print(f"{task} {side} seed {seed}: {'eval' if side == 'ours' else 'final training'} return {final}, "
-          f"{seconds / 60:.1f} minutes", flush=True)
+    print(
+        f"{task} {side} seed {seed}: {'eval' if side == 'ours' else 'final training'} return {final}, "
+        f"{seconds / 60:.1f} minutes",
+        flush=True,
+    )
 
 
 def load_records(folder):
@@ -304,11 +409,19 @@ def load_records(folder):
         with open(path) as f:
             record = json.load(f)
         if "side" not in record:
-            record.update(side="ours", total_seconds=record["summary"]["total_seconds"],
-                          steps_done=record["summary"]["steps_done"])
+            record.update(
+                side="ours",
+                total_seconds=record["summary"]["total_seconds"],
+                steps_done=record["summary"]["steps_done"],
+            )
         records.setdefault(record["task"], {}).setdefault(record["side"], []).append(record)
-    return {task: {side: sorted(sides[side], key=lambda record: record["seed"])
-                   for side in sorted(sides, key=lambda side: side != "ours")} for task, sides in records.items()}
+    return {
+        task: {
+            side: sorted(sides[side], key=lambda record: record["seed"])
+            for side in sorted(sides, key=lambda side: side != "ours")
+        }
+        for task, sides in records.items()
+    }
 
 
 def final_training_return(record, window=20):
@@ -342,24 +455,38 @@ def mean_std_interval(values):
 def final_table(records):
     """Per task and side: the final evaluation (ours; the references have none) and the final training return, each
     as mean +- std over seeds, a 95% bootstrap interval of the mean and the IQM."""
-    lines = ["| task | side: script, env | steps | seeds | final eval return, mean +- std | 95% CI of the mean | IQM | "
-             "final training return (last 20 episodes), mean +- std | 95% CI of the mean | IQM | "
-             "minutes a run (median) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| task | side: script, env | steps | seeds | final eval return, mean +- std | 95% CI of the mean | IQM | "
+        "final training return (last 20 episodes), mean +- std | 95% CI of the mean | IQM | "
+        "minutes a run (median) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     commands = []
     for task, sides in records.items():
         env_id = sides["ours"][0]["summary"]["env_id"] if "ours" in sides else "its default env"
         for side, runs in sides.items():
             first = runs[0]
             script = first["summary"]["script"] if side == "ours" else os.path.basename(first["command"].split()[0])
-            evaluation = (mean_std_interval([run["summary"]["eval_return_mean"] for run in runs]) if side == "ours"
-                          else "none | | ")
+            evaluation = (
+                mean_std_interval([run["summary"]["eval_return_mean"] for run in runs])
+                if side == "ours"
+                else "none | | "
+            )
             training = mean_std_interval([final_training_return(run) for run in runs])
             minutes = np.median([run["total_seconds"] for run in runs]) / 60
-            lines.append(f"| {task} | {side}: {script}, {env_id} | {first['steps_done']} | {len(runs)} | {evaluation} | "
-                         f"{training} | {minutes:.1f} |")
-            where = "" if side == "ours" else f" ({first['repository']} at {first['commit'][:8]}, patched as its record says)"
-            commands.append(f"- {task}, {side}: `python {first['command']} --seed S`{where}, "
-                            f"S = {', '.join(str(run['seed']) for run in runs)}")
+            lines.append(
+                f"| {task} | {side}: {script}, {env_id} | {first['steps_done']} | {len(runs)} | {evaluation} | "
+                f"{training} | {minutes:.1f} |"
+            )
+            where = (
+                ""
+                if side == "ours"
+                else f" ({first['repository']} at {first['commit'][:8]}, patched as its record says)"
+            )
+            commands.append(
+                f"- {task}, {side}: `python {first['command']} --seed S`{where}, "
+                f"S = {', '.join(str(run['seed']) for run in runs)}"
+            )
     return "\n".join(lines + ["", "Commands:", *commands]) + "\n"
 
 
@@ -386,9 +513,14 @@ def chart(task, sides, path):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for axis, key, label in ((axes[0], "steps", "env steps"), (axes[1], "seconds", "seconds")):
         for side, runs in sides.items():
-            curves = [(np.asarray(run[key], dtype=float),
-                       np.asarray(run["returns"], dtype=float) if "returns_kind" in run else smoothed(run["returns"]))
-                      for run in runs if len(run["returns"])]
+            curves = [
+                (
+                    np.asarray(run[key], dtype=float),
+                    np.asarray(run["returns"], dtype=float) if "returns_kind" in run else smoothed(run["returns"]),
+                )
+                for run in runs
+                if len(run["returns"])
+            ]
             if not curves:
                 continue
             grid = np.linspace(max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves), 100)
@@ -437,11 +569,18 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated tasks from: " + ", ".join(TASKS))
     parser.add_argument("--results", help="default: benchmarks/results/<machine-tag>/learning")
     for side, (repository, commit, _, _) in REFERENCE_REPOS.items():
-        parser.add_argument(f"--{side.lower()}", metavar="CLONE", help=f"a clone of {repository} (it needs "
-                            f"{commit[:8]}): run its scripts on the same tasks and seeds, after ours, seed by seed")
-    parser.add_argument("--reference-python", default=sys.executable,
-                        help="the Python that runs the references (LeanRL's need torchrl 0.14, which needs "
-                        "tensordict<0.15; default: this one)")
+        parser.add_argument(
+            f"--{side.lower()}",
+            metavar="CLONE",
+            help=f"a clone of {repository} (it needs "
+            f"{commit[:8]}): run its scripts on the same tasks and seeds, after ours, seed by seed",
+        )
+    parser.add_argument(
+        "--reference-python",
+        default=sys.executable,
+        help="the Python that runs the references (LeanRL's need torchrl 0.14, which needs "
+        "tensordict<0.15; default: this one)",
+    )
     args = parser.parse_args()
     tasks = args.only.split(",") if args.only else [task for task in TASKS if args.profile in TASKS[task][1]]
     if unknown := [task for task in tasks if task not in TASKS or args.profile not in TASKS[task][1]]:

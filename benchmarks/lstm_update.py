@@ -39,9 +39,15 @@ def main():
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
     dones = (rng.random((steps, rows)) < 1 / args.episode_length).astype(np.float32)
     layout = [torch.from_numpy(a) for a in script.segment_layout(dones)]
-    minibatch = script.Minibatch(torch.randint(0, 256, (steps, rows, 1, 84, 84), dtype=torch.uint8),
-                                 torch.from_numpy(dones), torch.zeros(1, rows, 128), torch.zeros(1, rows, 128), *layout,
-                                 torch.randint(0, 4, (steps, rows)), *(torch.randn(steps, rows) for _ in range(4)))
+    minibatch = script.Minibatch(
+        torch.randint(0, 256, (steps, rows, 1, 84, 84), dtype=torch.uint8),
+        torch.from_numpy(dones),
+        torch.zeros(1, rows, 128),
+        torch.zeros(1, rows, 128),
+        *layout,
+        torch.randint(0, 4, (steps, rows)),
+        *(torch.randn(steps, rows) for _ in range(4)),
+    )
 
     def cnn_only():
         loss = agent.features(minibatch.obs).square().mean()
@@ -51,10 +57,11 @@ def main():
 
     steps_of = {"cnn_only": cnn_only}
     for impl in ("padded", "loop"):
-        steps_of[impl] = partial(script.update, minibatch, agent=agent, optimizer=optimizer,
-                                 args=script.Args(lstm_impl=impl))
+        steps_of[impl] = partial(
+            script.update, minibatch, agent=agent, optimizer=optimizer, args=script.Args(lstm_impl=impl)
+        )
     times = {name: [] for name in steps_of}
-    for name, step in steps_of.items():
+    for step in steps_of.values():
         step()  # warm-up
     for _ in range(args.repeats):
         for name, step in steps_of.items():
@@ -62,8 +69,14 @@ def main():
             step()
             times[name].append(1000 * (time.perf_counter() - start))
     result = {name: statistics.median(values) for name, values in times.items()}
-    result.update(env_rows=rows, num_steps=steps, episode_starts=int(dones.sum()),
-                  padded_steps=layout[0].numel(), real_steps=steps * rows, torch_threads=torch.get_num_threads())
+    result.update(
+        env_rows=rows,
+        num_steps=steps,
+        episode_starts=int(dones.sum()),
+        padded_steps=layout[0].numel(),
+        real_steps=steps * rows,
+        torch_threads=torch.get_num_threads(),
+    )
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}))
 
 

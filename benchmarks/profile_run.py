@@ -62,8 +62,10 @@ if args.flops:
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         run_script()
     flops = sum(event.flops for event in prof.key_averages()) / args.steps
-    print(f"\n{name}: {flops / 1e6:.0f} MFLOP per step in matmuls and convolutions; a large matmul runs at "
-          f"{peak:.0f} GFLOP/s here, so the floor is {flops / (peak * 1e9) * 1e3:.2f} ms per step")
+    print(
+        f"\n{name}: {flops / 1e6:.0f} MFLOP per step in matmuls and convolutions; a large matmul runs at "
+        f"{peak:.0f} GFLOP/s here, so the floor is {flops / (peak * 1e9) * 1e3:.2f} ms per step"
+    )
     sys.exit(0)
 
 profiler = cProfile.Profile()

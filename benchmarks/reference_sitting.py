@@ -25,18 +25,37 @@ ROWS = {
     "td3": ("td3_continuous_action.py", "leanrl_td3_continuous_action.py", HALF_CHEETAH_OFF_POLICY, NO_EVAL, []),
     "sac": ("sac_continuous_action.py", "leanrl_sac_continuous_action.py", HALF_CHEETAH_OFF_POLICY, NO_EVAL, []),
     "dqn": ("dqn.py", "leanrl_dqn.py", ["--total-timesteps", "60000", "--exploration-fraction", "0.1"], NO_EVAL, []),
-    "ppo_continuous": ("ppo_continuous_action.py", "leanrl_ppo_continuous_action.py",
-                       ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"], NO_EVAL, []),
+    "ppo_continuous": (
+        "ppo_continuous_action.py",
+        "leanrl_ppo_continuous_action.py",
+        ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
+        NO_EVAL,
+        [],
+    ),
     # LeanRL's compiled PPO continuous, its fastest there (its compiled DQN is slower than its plain one on a CPU)
-    "ppo_continuous_compiled": ("ppo_continuous_action.py", "leanrl_ppo_continuous_action_torchcompile.py",
-                                ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"], NO_EVAL, ["--compile"]),
+    "ppo_continuous_compiled": (
+        "ppo_continuous_action.py",
+        "leanrl_ppo_continuous_action_torchcompile.py",
+        ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
+        NO_EVAL,
+        ["--compile"],
+    ),
     # the same, ours with --compile too (on a CPU it compiles PPO continuous's policy and update): best against best
-    "ppo_continuous_both_compiled": ("ppo_continuous_action.py", "leanrl_ppo_continuous_action_torchcompile.py",
-                                     ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
-                                     NO_EVAL + ["--compile"], ["--compile"]),
+    "ppo_continuous_both_compiled": (
+        "ppo_continuous_action.py",
+        "leanrl_ppo_continuous_action_torchcompile.py",
+        ["--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
+        NO_EVAL + ["--compile"],
+        ["--compile"],
+    ),
     # LeanRL's compiled PPO Atari, its fastest on a CPU; both time from the second iteration (its count is 1-based)
-    "ppo_atari": ("ppo_atari_envpool.py", "leanrl_ppo_atari_envpool_torchcompile.py",
-                  ["--env-id", "Breakout-v5", "--total-timesteps", "20480"], NO_EVAL, ["--compile", "--measure-burnin", "2"]),
+    "ppo_atari": (
+        "ppo_atari_envpool.py",
+        "leanrl_ppo_atari_envpool_torchcompile.py",
+        ["--env-id", "Breakout-v5", "--total-timesteps", "20480"],
+        NO_EVAL,
+        ["--compile", "--measure-burnin", "2"],
+    ),
 }
 
 
@@ -51,7 +70,7 @@ def run(command, threads=None):
     if proc.returncode or not lines:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{proc.stderr[-2000:]}")
     if lines[-1].startswith("SPEED "):
-        summary = json.loads(lines[-1][len("SPEED "):])
+        summary = json.loads(lines[-1][len("SPEED ") :])
         return summary["sps"], summary["torch_threads"]
     return float(lines[-1].split()[-1]), threads
 
@@ -72,9 +91,13 @@ def main():
             ours, theirs, flags, our_flags, their_flags = ROWS[name]
             ours = [sys.executable, os.path.join(ROOT, "leanrl_scripts", ours), *flags, *our_flags]
             theirs = [sys.executable, os.path.join(os.path.abspath(args.ref_dir), theirs), *flags, *their_flags]
-            runs = [("LeanRL 1 thread", theirs, 1), ("LeanRL 2 threads", theirs, 2), ("ours default", ours, None),
-                    ("ours 1 thread", ours + ["--torch-threads", "1"], None),
-                    ("ours 2 threads", ours + ["--torch-threads", "2"], None)]
+            runs = [
+                ("LeanRL 1 thread", theirs, 1),
+                ("LeanRL 2 threads", theirs, 2),
+                ("ours default", ours, None),
+                ("ours 1 thread", ours + ["--torch-threads", "1"], None),
+                ("ours 2 threads", ours + ["--torch-threads", "2"], None),
+            ]
             for label, command, threads in runs:
                 sps, used = run(command, threads)
                 results.setdefault((name, label), []).append(sps)
@@ -89,8 +112,11 @@ def main():
     for name in names:
         medians = [statistics.median(results[(name, label)]) for label in labels]
         best_theirs, best_ours = max(medians[:2]), max(medians[2:])
-        print(f"| {name} | " + " | ".join(f"{m:.1f}" for m in medians)
-              + f" | {medians[2] / best_theirs:.2f}x | {best_ours / best_theirs:.2f}x |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{m:.1f}" for m in medians)
+            + f" | {medians[2] / best_theirs:.2f}x | {best_ours / best_theirs:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

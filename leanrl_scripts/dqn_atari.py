@@ -200,8 +200,13 @@ class WarpFrame(gym.ObservationWrapper):
 
 def make_gym_env(env_id, render=False):
     """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, 108k-frame time limit."""
-    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000,
-                   render_mode="rgb_array" if render else None)
+    env = gym.make(
+        f"ALE/{env_id}",
+        frameskip=1,
+        repeat_action_probability=0.0,
+        max_num_frames_per_episode=108_000,
+        render_mode="rgb_array" if render else None,
+    )
     env = EpisodicLife(MaxAndSkip(NoopReset(env)))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
@@ -223,9 +228,16 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py, classic: dqn.py)")
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
-        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
-                            episodic_life=True, reward_clip=True, seed=seed,
-                            render_mode="rgb_array" if render else None)
+        return envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            num_threads=min(num_envs, usable_cores()),
+            episodic_life=True,
+            reward_clip=True,
+            seed=seed,
+            render_mode="rgb_array" if render else None,
+        )
     try:
         import ale_py  # registers the ALE/ ids
     except ModuleNotFoundError:
@@ -234,8 +246,9 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         fail('the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"')
     gym.register_envs(ale_py)
     try:
-        envs = gym.vector.SyncVectorEnv([partial(make_gym_env, env_id, render)] * num_envs,
-                                        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        envs = gym.vector.SyncVectorEnv(
+            [partial(make_gym_env, env_id, render)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+        )
     except gym.error.Error as error:
         fail(f"unknown env id '{env_id}' for ALE (Atari games look like Breakout-v5): {error}")
     envs.reset(seed=seed)
@@ -248,8 +261,15 @@ class QNetwork(nn.Module):
     def __init__(self, num_actions):
         super().__init__()
         self.network = nn.Sequential(
-            nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
+            nn.Conv2d(4, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(3136, 512),
+            nn.ReLU(),
             nn.Linear(512, num_actions),
         ).to(memory_format=torch.channels_last)
 
@@ -359,8 +379,9 @@ def evaluate(q_network, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol:
     a greedy agent can stall (in Breakout, by never firing a new ball) until the time limit. With `video_folder`,
     the first env's game is recorded there."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend,
-                     render=video_folder is not None)
+    envs = make_envs(
+        args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
+    )
     obs, _ = envs.reset()
     video = game_video(video_folder, first_screen(envs)) if video_folder else None
     rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
@@ -415,10 +436,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -491,10 +514,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -533,15 +558,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -599,8 +632,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -632,19 +668,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -666,16 +711,24 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
-              rates=("learning_rate", "tau", "exploration_fraction"), fractions=("tau", "exploration_fraction"))
+    run = Run(
+        args,
+        counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
+        rates=("learning_rate", "tau", "exploration_fraction"),
+        fractions=("tau", "exploration_fraction"),
+    )
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.learning_starts < args.batch_size:
@@ -698,16 +751,21 @@ if __name__ == "__main__":
     from_module(q_network).data.to_module(q_view)
     q_view.requires_grad_(False)
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),
-                                 fused=True, capturable=run.cudagraphs)
+    optimizer = torch.optim.Adam(
+        q_network.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        fused=True,
+        capturable=run.cudagraphs,
+    )
     if args.load_model:
         run.load_checkpoint({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions)
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
     policy_step = partial(policy, q_network=q_view)
-    update_step = partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
-                          gamma=args.gamma)
+    update_step = partial(
+        update, q_network=q_network, target_network=target_network, optimizer=optimizer, gamma=args.gamma
+    )
     # On a CPU --compile compiles the update alone: inductor ran it in 0.94x the eager time there, and the
     # batch-of-one action step in 1.05x (docs/speed.md).
     compiled = [name for name in ("policy", "update") if args.compile and (device.type != "cpu" or name == "update")]
@@ -753,9 +811,13 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     envs.close()
 
-    summary = {"env_backend": args.env_backend, "num_updates": num_updates, "compiled_pieces": compiled,
-               "left_eager": sorted({"policy", "update"} - set(compiled)) if args.compile else [],
-               "replay_ratio_target": args.batch_size / args.train_frequency,
-               "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts)}
+    summary = {
+        "env_backend": args.env_backend,
+        "num_updates": num_updates,
+        "compiled_pieces": compiled,
+        "left_eager": sorted({"policy", "update"} - set(compiled)) if args.compile else [],
+        "replay_ratio_target": args.batch_size / args.train_frequency,
+        "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
+    }
     checkpoint = {"num_actions": num_actions, "q_network": q_network.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, q_view, args, device, run.video_folder), summary, checkpoint)

@@ -211,8 +211,13 @@ class WarpFrame(gym.ObservationWrapper):
 
 def make_gym_env(env_id, render=False):
     """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, 108k-frame time limit."""
-    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000,
-                   render_mode="rgb_array" if render else None)
+    env = gym.make(
+        f"ALE/{env_id}",
+        frameskip=1,
+        repeat_action_probability=0.0,
+        max_num_frames_per_episode=108_000,
+        render_mode="rgb_array" if render else None,
+    )
     env = EpisodicLife(MaxAndSkip(NoopReset(env)))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
@@ -246,9 +251,16 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py)")
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
-        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
-                            episodic_life=True, reward_clip=True, seed=seed,
-                            render_mode="rgb_array" if render else None)
+        return envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            num_threads=min(num_envs, usable_cores()),
+            episodic_life=True,
+            reward_clip=True,
+            seed=seed,
+            render_mode="rgb_array" if render else None,
+        )
     if not classic:
         try:
             import ale_py  # registers the ALE/ ids
@@ -280,13 +292,26 @@ class QNetwork(nn.Module):
         self.pixels = len(obs_shape) == 3
         if self.pixels:
             self.network = nn.Sequential(
-                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
+                nn.Flatten(),
+                nn.Linear(3136, 512),
+                nn.ReLU(),
                 nn.Linear(512, num_actions),
             ).to(memory_format=torch.channels_last)
         else:
-            self.network = nn.Sequential(nn.Flatten(), nn.Linear(obs_shape[-1], 120), nn.ReLU(), nn.Linear(120, 84),
-                                         nn.ReLU(), nn.Linear(84, num_actions))
+            self.network = nn.Sequential(
+                nn.Flatten(),
+                nn.Linear(obs_shape[-1], 120),
+                nn.ReLU(),
+                nn.Linear(120, 84),
+                nn.ReLU(),
+                nn.Linear(84, num_actions),
+            )
 
     def forward(self, obs):
         if self.pixels:
@@ -385,6 +410,7 @@ def hold_lock(lock, other_alive):
 
 class Counts(ctypes.Structure):
     """The limiter's state; in shared memory between the learner and the actor process."""
+
     _fields_ = [("inserts", ctypes.c_int64), ("samples", ctypes.c_int64), ("closed", ctypes.c_bool)]
 
 
@@ -410,14 +436,20 @@ class RateLimiter:
     max_diff = property(lambda self: self.max_scaled / self.q)
 
     def await_insert(self, n, other_alive=lambda: True):
-        return self._wait(lambda: not self.counts.closed
-                          and (self.inserts + n) * self.p - self.samples * self.q <= self.max_scaled,
-                          self.sample_posted, other_alive)
+        return self._wait(
+            lambda: not self.counts.closed and (self.inserts + n) * self.p - self.samples * self.q <= self.max_scaled,
+            self.sample_posted,
+            other_alive,
+        )
 
     def await_sample(self, n, other_alive=lambda: True):
-        return self._wait(lambda: self.inserts >= self.min_size
-                          and self.inserts * self.p - (self.samples + n) * self.q >= self.min_scaled,
-                          self.insert_posted, other_alive)
+        return self._wait(
+            lambda: (
+                self.inserts >= self.min_size and self.inserts * self.p - (self.samples + n) * self.q >= self.min_scaled
+            ),
+            self.insert_posted,
+            other_alive,
+        )
 
     def _wait(self, ready, posted, other_alive):
         """True once `ready()`; False if the limiter is closed first (the run ends, or the other side failed)."""
@@ -552,8 +584,11 @@ class ActorProcess:
         self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
         self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
         self.version = ctx.Value("Q", 0, lock=False)  # weight writes so far, read and written under weights_lock
-        self.process = ctx.Process(target=run_actor, daemon=True, args=(
-            args, rb, limiter, self.q_network, self.version, self.weights_lock, self.reports, device))
+        self.process = ctx.Process(
+            target=run_actor,
+            daemon=True,
+            args=(args, rb, limiter, self.q_network, self.version, self.weights_lock, self.reports, device),
+        )
         # Ctrl-C reaches the whole process group; the actor ignores it (from its start: an interrupt while it
         # still imports would print the import's traceback) and the learner stops it.
         sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -622,8 +657,9 @@ def evaluate(q_network, args, device, video_folder=None):
     """Score of the first whole game in each of --eval-episodes envs: greedy on classic control; on Atari the true
     score at epsilon 0.05, the DQN paper's protocol (a greedy agent can stall, in Breakout by never firing a new
     ball, until the time limit). With `video_folder`, the first env's game is recorded there."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend,
-                     render=video_folder is not None)
+    envs = make_envs(
+        args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
+    )
     obs, _ = envs.reset()
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
     fps = 15 if q_network.pixels else envs.envs[0].metadata.get("render_fps", 30)
@@ -681,10 +717,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -757,10 +795,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -799,15 +839,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -865,8 +913,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -898,19 +949,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -932,18 +992,31 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency",
-                            "actor_sync_every"),
-              rates=("learning_rate", "tau", "exploration_fraction", "replay_tolerance"),
-              fractions=("tau", "exploration_fraction"))
+    run = Run(
+        args,
+        counts=(
+            "num_envs",
+            "batch_size",
+            "buffer_size",
+            "train_frequency",
+            "target_network_frequency",
+            "actor_sync_every",
+        ),
+        rates=("learning_rate", "tau", "exploration_fraction", "replay_tolerance"),
+        fractions=("tau", "exploration_fraction"),
+    )
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.learning_starts < args.batch_size:
@@ -970,16 +1043,22 @@ if __name__ == "__main__":
         check_fits(args.buffer_size * (frame_bytes + 18), storage_device, "--buffer-size")
     target_network = QNetwork(obs_space.shape, num_actions).to(device).requires_grad_(False)
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(args.learning_rate, device=device),
-                                 fused=True, capturable=run.cudagraphs)
+    optimizer = torch.optim.Adam(
+        q_network.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        fused=True,
+        capturable=run.cudagraphs,
+    )
     if args.load_model:
-        run.load_checkpoint({"q_network": q_network, "optimizer": optimizer}, obs_shape=[*obs_space.shape],
-                            num_actions=num_actions)
+        run.load_checkpoint(
+            {"q_network": q_network, "optimizer": optimizer}, obs_shape=[*obs_space.shape], num_actions=num_actions
+        )
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
-    update_step = partial(update, q_network=q_network, target_network=target_network, optimizer=optimizer,
-                          gamma=args.gamma)
+    update_step = partial(
+        update, q_network=q_network, target_network=target_network, optimizer=optimizer, gamma=args.gamma
+    )
     # On a CPU --compile compiles the Atari update only: the MLP's ran 1.07x the eager time compiled (docs/speed.md).
     compiled = ["update"] if args.compile and (device.type != "cpu" or q_network.pixels) else []
     if compiled:
@@ -991,8 +1070,9 @@ if __name__ == "__main__":
     # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts; the
     # band must fit one actor step and one batch, or each side could wait on the other forever.
     replay_ratio = Fraction(args.batch_size, args.train_frequency)
-    error_buffer = float(max(args.replay_tolerance * args.learning_starts * replay_ratio,
-                             args.num_envs * replay_ratio + args.batch_size))
+    error_buffer = float(
+        max(args.replay_tolerance * args.learning_starts * replay_ratio, args.num_envs * replay_ratio + args.batch_size)
+    )
     limiter = RateLimiter(replay_ratio, args.learning_starts, error_buffer, ctx)
     # While the learner gathers a batch the actor can insert at most this many transitions (then the band stops
     # it): rows beyond buffer_size keep them from overwriting anything the batch may read.
@@ -1041,10 +1121,20 @@ if __name__ == "__main__":
     actor.stop(run)  # after a stop: the closed limiter ends the actor at its next step
     run.end(limiter.inserts, metrics)
 
-    summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates,
-               "compiled_pieces": compiled, "left_eager": ["update"] if args.compile and not compiled else [],
-               "learner_wait_seconds": wait_seconds, "replay_ratio_target": float(replay_ratio),
-               "replay_ratio_achieved": num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)}
-    checkpoint = {"obs_shape": [*obs_space.shape], "num_actions": num_actions, "q_network": q_network.state_dict(),
-                  "optimizer": optimizer.state_dict()}
+    summary = {
+        "async_actor": True,
+        "env_backend": args.env_backend,
+        "num_updates": num_updates,
+        "compiled_pieces": compiled,
+        "left_eager": ["update"] if args.compile and not compiled else [],
+        "learner_wait_seconds": wait_seconds,
+        "replay_ratio_target": float(replay_ratio),
+        "replay_ratio_achieved": num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts),
+    }
+    checkpoint = {
+        "obs_shape": [*obs_space.shape],
+        "num_actions": num_actions,
+        "q_network": q_network.state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }
     run.finish(partial(evaluate, q_network, args, device, run.video_folder), summary, checkpoint)

@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np
+
 try:
     import ray
 except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
@@ -146,9 +147,11 @@ def env_kind(env_id):
     try:
         env = gym.make(env_id)
     except gym.error.Error as error:
-        missing = '' if envpool else '; Atari games need envpool: pip install ".[envpool]"'
-        fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "
-             f"({error}){missing}")
+        missing = "" if envpool else '; Atari games need envpool: pip install ".[envpool]"'
+        fail(
+            f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "
+            f"({error}){missing}"
+        )
     env.close()  # only its spaces are needed
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -165,9 +168,16 @@ def make_envs(env_id, num_envs, seed=0, training=True, hide_obs=(), render=False
         import envpool
 
         # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
-        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=min(num_envs, usable_cores()),
-                            episodic_life=training, reward_clip=training, seed=seed,
-                            render_mode="rgb_array" if render else None)
+        return envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            num_threads=min(num_envs, usable_cores()),
+            episodic_life=training,
+            reward_clip=training,
+            seed=seed,
+            render_mode="rgb_array" if render else None,
+        )
 
     def make_env():
         env = gym.make(env_id, render_mode="rgb_array" if render else None)
@@ -212,8 +222,12 @@ class ResidualBlock(nn.Module):
 
 def conv_sequence(in_channels, out_channels):
     """One of IMPALA's three stages: a convolution, a stride-2 max-pool, two residual blocks."""
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                         ResidualBlock(out_channels), ResidualBlock(out_channels))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, padding=1),
+        nn.MaxPool2d(3, stride=2, padding=1),
+        ResidualBlock(out_channels),
+        ResidualBlock(out_channels),
+    )
 
 
 class Agent(nn.Module):
@@ -226,18 +240,33 @@ class Agent(nn.Module):
         self.pixels, self.value_torso = len(obs_shape) == 3, None
         if not self.pixels:  # two torsos: on small problems the value loss's gradients swamp a shared one
             self.torso, self.value_torso = (
-                nn.Sequential(layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                              nn.Tanh())
-                for _ in range(2))
+                nn.Sequential(
+                    layer_init(nn.Linear(obs_shape[0], 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
+                )
+                for _ in range(2)
+            )
         elif resnet:
-            self.torso = nn.Sequential(conv_sequence(obs_shape[0], 16), conv_sequence(16, 32), conv_sequence(32, 32),
-                                       nn.ReLU(), nn.Flatten(), nn.Linear(32 * 11 * 11, 256), nn.ReLU())
+            self.torso = nn.Sequential(
+                conv_sequence(obs_shape[0], 16),
+                conv_sequence(16, 32),
+                conv_sequence(32, 32),
+                nn.ReLU(),
+                nn.Flatten(),
+                nn.Linear(32 * 11 * 11, 256),
+                nn.ReLU(),
+            )
         else:
             self.torso = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-                nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)),
+                nn.ReLU(),
+            )
         if self.pixels:  # mkldnn's channels-last convolutions are about twice as fast on CPU
             self.torso = self.torso.to(memory_format=torch.channels_last)
         features = self.torso[-2].out_features
@@ -328,6 +357,7 @@ def segment_layout(dones):
 
 class Unrolls(NamedTuple):
     """A batch of B unrolls of T steps, as the actors send them and the learner trains on them (one column each)."""
+
     obs: torch.Tensor  # (T + 1, B, ...): the observation after the last step closes the unroll
     actions: torch.Tensor  # (T, B)
     behaviour_logits: torch.Tensor  # (T, B, A): the actor's policy
@@ -412,8 +442,14 @@ class UnrollActor:
             self.state = tuple(part * keep for part in self.state)
         obs[steps] = self.obs
         unroll = Unrolls(obs, actions, logits, rewards, dones, initial_h, initial_c)
-        return {"unroll": unroll, "version": self.version, "returns": finished, "node": self.node,
-                "seconds": time.perf_counter() - start, "env_seconds": env_seconds}
+        return {
+            "unroll": unroll,
+            "version": self.version,
+            "returns": finished,
+            "node": self.node,
+            "seconds": time.perf_counter() - start,
+            "env_seconds": env_seconds,
+        }
 
 
 def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.0, pg_rho_clip=1.0, c_clip=1.0):
@@ -427,8 +463,9 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.
     coeffs = discounts * rhos.clamp(max=c_clip)
     offset = 1
     while offset < len(corrections):
-        corrections = torch.cat([corrections[:-offset] + coeffs[:-offset] * corrections[offset:],
-                                 corrections[-offset:]])
+        corrections = torch.cat(
+            [corrections[:-offset] + coeffs[:-offset] * corrections[offset:], corrections[-offset:]]
+        )
         coeffs = torch.cat([coeffs[:-offset] * coeffs[offset:], coeffs[-offset:]])
         offset *= 2
     vs = values + corrections
@@ -448,8 +485,16 @@ def impala_loss(unrolls, layout, *, agent, args):
     behaviour_log_probs = behaviour_log_probs_all.gather(-1, actions[..., None]).squeeze(-1)
     with torch.no_grad():
         log_rhos = action_log_probs - behaviour_log_probs
-        vs, pg_advantages = vtrace(log_rhos, args.gamma * (1.0 - dones), rewards, values[:-1], values[-1],
-                                   rho_clip=args.rho_clip, pg_rho_clip=args.pg_rho_clip, c_clip=args.c_clip)
+        vs, pg_advantages = vtrace(
+            log_rhos,
+            args.gamma * (1.0 - dones),
+            rewards,
+            values[:-1],
+            values[-1],
+            rho_clip=args.rho_clip,
+            pg_rho_clip=args.pg_rho_clip,
+            c_clip=args.c_clip,
+        )
         # LASER's trust region: an unroll whose behaviour policy is too far from the current one (mean KL over its
         # steps) gives no policy gradient; V-trace still learns values from it. Fresh unrolls are almost always in.
         kl = (behaviour_log_probs_all.exp() * (behaviour_log_probs_all - log_probs)).sum(-1).mean(0)
@@ -460,8 +505,13 @@ def impala_loss(unrolls, layout, *, agent, args):
     value_loss = 0.5 * (vs - values[:-1]).pow(2).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
     loss = pg_loss + args.vf_coef * value_loss - args.ent_coef * entropy
-    return loss, {"policy_loss": pg_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
-                  "kl": kl.mean(), "trusted_fraction": trusted.mean()}
+    return loss, {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": entropy.detach(),
+        "kl": kl.mean(),
+        "trusted_fraction": trusted.mean(),
+    }
 
 
 def update(unrolls, layout, *, agent, optimizer, args):
@@ -480,8 +530,9 @@ class UnrollReplay:
     memory: 1000 Atari unrolls of 20 steps take 0.6 GB."""
 
     def __init__(self, capacity, unrolls, device):
-        self.storage = Unrolls(*(torch.zeros((t.shape[0], capacity, *t.shape[2:]), dtype=t.dtype, device=device)
-                                 for t in unrolls))
+        self.storage = Unrolls(
+            *(torch.zeros((t.shape[0], capacity, *t.shape[2:]), dtype=t.dtype, device=device) for t in unrolls)
+        )
         self.host_dones = np.zeros((unrolls.dones.shape[0], capacity), np.float32)
         self.capacity, self.size, self.cursor = capacity, 0, 0
 
@@ -520,8 +571,12 @@ def connect(address, num_actors):
         except (OSError, ValueError) as error:
             fail(f"cannot reach a Ray cluster at --ray-address {address} ({error})")
     try:  # a local instance gets a CPU per actor even on a smaller machine: the actors then share the cores
-        ray.init(address=address or None, num_cpus=None if address else max(os.cpu_count(), num_actors),
-                 include_dashboard=False, logging_level="ERROR")
+        ray.init(
+            address=address or None,
+            num_cpus=None if address else max(os.cpu_count(), num_actors),
+            include_dashboard=False,
+            logging_level="ERROR",
+        )
     except ConnectionError as error:
         fail(f"--ray-address {address}: {error}")
     if not address:
@@ -567,16 +622,23 @@ def watch_driver(address):
     # trains on for 60 s, blind, before Ray ends it: 10 s. (A head that comes back needs GCS fault tolerance.)
     env = {"RAY_gcs_rpc_server_reconnect_timeout_s": "10", **os.environ, "IMPALA_EXIT_MARK_FD": str(mark_end)}
     prctl = getattr(ctypes.CDLL(None), "prctl", None)  # Linux: the child gets a SIGTERM if this process is killed
-    child = subprocess.Popen([sys.executable, *sys.argv], pass_fds=[mark_end], env=env,
-                             preexec_fn=prctl and (lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)))
+    child = subprocess.Popen(
+        [sys.executable, *sys.argv],
+        pass_fds=[mark_end],
+        env=env,
+        preexec_fn=prctl and (lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)),
+    )
     os.close(mark_end)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child too (one process group)
     signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
     code = child.wait()
     if not os.read(marks, 1):  # Python never got to exit: Ray ended the child, or a signal did
-        cause = (f"the driver was killed by {signal.Signals(-code).name}" if code < 0 else
-                 f"Ray ended the driver: the Ray cluster at --ray-address {address} went away (its head, or the Ray "
-                 f"processes on this machine, stopped)")
+        cause = (
+            f"the driver was killed by {signal.Signals(-code).name}"
+            if code < 0
+            else f"Ray ended the driver: the Ray cluster at --ray-address {address} went away (its head, or the Ray "
+            f"processes on this machine, stopped)"
+        )
         print(f"error: {cause}; no summary was written", file=sys.stderr)
     sys.exit(code if code >= 0 else 128 - code)
 
@@ -589,7 +651,8 @@ class ActorPool:
     def __init__(self, args, agent):
         # SPREAD: on a cluster, one actor per node in turn rather than filling the first node's CPUs
         remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD")(
-            UnrollActor)
+            UnrollActor
+        )
         self.actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
         self.envs_per_actor = args.envs_per_actor
         self.publish(agent, 0)
@@ -668,8 +731,9 @@ def evaluate(agent, args, device, video_folder=None):
     policy's mode, as the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari
     policy can stall (in Breakout, by never launching a new ball) until the 27k-step time limit. With
     `video_folder`, the first env's game is recorded there."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs,
-                     render=video_folder is not None)
+    envs = make_envs(
+        args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs, render=video_folder is not None
+    )
     torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
@@ -731,10 +795,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -807,10 +873,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -849,15 +917,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -915,8 +991,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -948,19 +1027,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -982,9 +1070,13 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
@@ -996,15 +1088,20 @@ if __name__ == "__main__":
         watch_driver(args.ray_address)
     if "IMPALA_EXIT_MARK_FD" in os.environ:  # the watched child: mark each exit Python makes
         atexit.register(os.write, int(os.environ["IMPALA_EXIT_MARK_FD"]), b"x")
-    run = Run(args, counts=("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every",
-                            "replay_size"), rates=("learning_rate",))
+    run = Run(
+        args,
+        counts=("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"),
+        rates=("learning_rate",),
+    )
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)
     num_fresh = args.batch_size - num_replayed
     if num_fresh % args.envs_per_actor:
-        fail(f"each batch takes whole actor calls: its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio)) "
-             f"must be a multiple of --envs-per-actor {args.envs_per_actor}")
+        fail(
+            f"each batch takes whole actor calls: its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio)) "
+            f"must be a multiple of --envs-per-actor {args.envs_per_actor}"
+        )
     kind = env_kind(args.env_id)
     if args.resnet and kind != "atari":
         fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")
@@ -1014,7 +1111,12 @@ if __name__ == "__main__":
     local_actors = 0 if args.ray_address else args.num_actors  # on a cluster, Ray may place them anywhere
     # the usable cores less those of the actors playing beside it for a CNN; one for the small MLPs of flat
     # observations (waking threads costs them more than the math)
-    tune_cpu(args.torch_threads, device, threads=usable_cores() - local_actors if kind == "atari" else 1, keep_freed_memory=True)
+    tune_cpu(
+        args.torch_threads,
+        device,
+        threads=usable_cores() - local_actors if kind == "atari" else 1,
+        keep_freed_memory=True,
+    )
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -1032,8 +1134,9 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     # One update per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes
     # (compile shares its cache between them). Without a core, the layout is empty and there is one.
-    update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
-                                                args.compile, run.cudagraphs))
+    update_steps = defaultdict(
+        lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile, run.cudagraphs)
+    )
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     connect(args.ray_address, args.num_actors)
@@ -1045,11 +1148,14 @@ if __name__ == "__main__":
     calls_per_batch, steps_per_call = num_fresh // envs_per_actor, steps * envs_per_actor
     pin = device.type == "cuda"
     obs_dtype = torch.uint8 if agent.pixels else torch.float32
-    staging = Unrolls(torch.empty((steps + 1, num_fresh, *obs_shape), dtype=obs_dtype, pin_memory=pin),
-                      torch.empty((steps, num_fresh), dtype=torch.long, pin_memory=pin),
-                      torch.empty((steps, num_fresh, num_actions), pin_memory=pin),
-                      torch.empty((steps, num_fresh), pin_memory=pin), torch.empty((steps, num_fresh), pin_memory=pin),
-                      *(torch.empty((1, num_fresh, agent.lstm_size), pin_memory=pin) for _ in range(2)))
+    staging = Unrolls(
+        torch.empty((steps + 1, num_fresh, *obs_shape), dtype=obs_dtype, pin_memory=pin),
+        torch.empty((steps, num_fresh), dtype=torch.long, pin_memory=pin),
+        torch.empty((steps, num_fresh, num_actions), pin_memory=pin),
+        torch.empty((steps, num_fresh), pin_memory=pin),
+        torch.empty((steps, num_fresh), pin_memory=pin),
+        *(torch.empty((1, num_fresh, agent.lstm_size), pin_memory=pin) for _ in range(2)),
+    )
     staging_np = Unrolls(*(t.numpy() for t in staging))
     replay = UnrollReplay(args.replay_size, staging, device) if num_replayed else None
 
@@ -1076,7 +1182,8 @@ if __name__ == "__main__":
 
             if args.anneal_lr:
                 learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
-            # Reusing the staging buffers is safe: the metrics' read in run.log below waits for the update, hence the copy.
+            # Reusing the staging buffers is safe: the metrics' read in run.log below waits for the update, hence the
+            # copy.
             batch, host_dones = Unrolls(*(t.to(device, non_blocking=True) for t in staging)), staging_np.dones
             if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
                 replay.add(batch, host_dones)
@@ -1096,18 +1203,29 @@ if __name__ == "__main__":
     ray.shutdown()
 
     summary = {
-        "num_envs": args.num_actors * args.envs_per_actor, "num_actors": args.num_actors, "envs_per_actor": envs_per_actor,
-        "replay_ratio": args.replay_ratio, "ray_address": args.ray_address or "local", "num_updates": num_updates,
-        "learner_updates_per_second": ((num_updates - min(num_updates, args.measure_burnin)) / run.steady_seconds
-                                       if run.steady_steps > 0 else None),
+        "num_envs": args.num_actors * args.envs_per_actor,
+        "num_actors": args.num_actors,
+        "envs_per_actor": envs_per_actor,
+        "replay_ratio": args.replay_ratio,
+        "ray_address": args.ray_address or "local",
+        "num_updates": num_updates,
+        "learner_updates_per_second": (
+            (num_updates - min(num_updates, args.measure_burnin)) / run.steady_seconds if run.steady_steps > 0 else None
+        ),
         "learner_wait_seconds": learner_wait,
         # what the actors would produce if they never waited: their steps over the time their calls took
         "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
-        "policy_lag_mean": float(np.mean(lags)) if lags else None, "policy_lag_max": max(lags, default=None),
-        "actor_restarts": actor_pool.restarts, "unrolls_lost": actor_pool.unrolls_lost, "lstm": args.lstm,
+        "policy_lag_mean": float(np.mean(lags)) if lags else None,
+        "policy_lag_max": max(lags, default=None),
+        "actor_restarts": actor_pool.restarts,
+        "unrolls_lost": actor_pool.unrolls_lost,
+        "lstm": args.lstm,
         "actor_nodes": dict(Counter(actor_pool.nodes)),  # actors per node at the end ("restarting": not back yet)
         # the core's padded steps per real one: the cost of replaying a batch in one call
         "lstm_padding": padded_core_steps / core_steps if core_steps else None,
     }
-    run.finish(partial(evaluate, agent, args, device, run.video_folder), summary,
-               {"num_actions": num_actions, "agent": agent.state_dict()})
+    run.finish(
+        partial(evaluate, agent, args, device, run.video_folder),
+        summary,
+        {"num_actions": num_actions, "agent": agent.state_dict()},
+    )

@@ -119,9 +119,17 @@ def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True, render=F
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size or num_envs,
-                        num_threads=min(num_envs, usable_cores()), episodic_life=training, reward_clip=training,
-                        seed=seed, render_mode="rgb_array" if render else None)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        batch_size=batch_size or num_envs,
+        num_threads=min(num_envs, usable_cores()),
+        episodic_life=training,
+        reward_clip=training,
+        seed=seed,
+        render_mode="rgb_array" if render else None,
+    )
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -136,10 +144,15 @@ class Agent(nn.Module):
     def __init__(self, num_actions):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
         ).to(memory_format=torch.channels_last)
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
@@ -185,6 +198,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 class Batch(NamedTuple):
     """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+
     obs: torch.Tensor
     actions: torch.Tensor
     logprobs: torch.Tensor
@@ -216,8 +230,14 @@ def update(minibatch, *, agent, optimizer, args):
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    return {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-            "approx_kl": approx_kl, "clipfrac": clipfrac, "grad_norm": grad_norm.detach()}
+    return {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+        "grad_norm": grad_norm.detach(),
+    }
 
 
 def speed_up(fn, compile, cudagraphs):
@@ -245,8 +265,9 @@ def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs; with `video_folder`, the first env's game
     recorded there. Actions are sampled: a greedy Atari policy can stall (in Breakout, by never firing a new ball)
     until the 27k-step time limit."""
-    envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False,
-                     render=video_folder is not None)
+    envs = make_envs(
+        args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
+    )
     torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
@@ -302,10 +323,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -378,10 +401,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -420,15 +445,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -486,8 +519,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -519,19 +555,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -553,9 +598,13 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
@@ -563,8 +612,12 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
-    run = Run(args, counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"), rates=("learning_rate",),
-              fractions=("gae_lambda",))
+    run = Run(
+        args,
+        counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
+        rates=("learning_rate",),
+        fractions=("gae_lambda",),
+    )
     if args.envpool_async and args.num_envs % 2:
         fail(f"--envpool-async steps half of the envs at a time: --num-envs {args.num_envs} must be even")
     batch_size = args.num_envs * args.num_steps
@@ -616,7 +669,9 @@ if __name__ == "__main__":
     row_of_env = np.zeros(args.num_envs, dtype=np.int64)  # host-side cursor, indexed by env id
     # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
     # the copy precedes the policy step on the stream, and the host waits for the actions before the next recv.
-    staging = torch.empty((env_batch, *envs.observation_space.shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    staging = torch.empty(
+        (env_batch, *envs.observation_space.shape), dtype=torch.uint8, pin_memory=device.type == "cuda"
+    )
     staging_np = staging.numpy()
     episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
     metrics, num_updates = {}, 0
@@ -642,14 +697,20 @@ if __name__ == "__main__":
                 next_obs_np, reward, terminations, truncations, infos = run.in_env(envs.recv)
                 env_ids = infos["env_id"]
                 if row_of_env[env_ids].max() >= rows:
-                    raise RuntimeError(f"env {env_ids[row_of_env[env_ids].argmax()]} ran {args.num_steps} steps ahead of another")
+                    raise RuntimeError(
+                        f"env {env_ids[row_of_env[env_ids].argmax()]} ran {args.num_steps} steps ahead of another"
+                    )
                 # one small host-to-device copy for the rewards, dones and storage indices together
-                step_data = np.stack([reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids])
+                step_data = np.stack(
+                    [reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids]
+                )
                 step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
                 index = step_data[2].long()
                 np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
                 next_obs = staging.to(device, non_blocking=True)
-                next_obs = next_obs.contiguous(memory_format=torch.channels_last)  # once, for the storage and the policy
+                next_obs = next_obs.contiguous(
+                    memory_format=torch.channels_last
+                )  # once, for the storage and the policy
                 obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
                 if args.envpool_async or row_of_env[env_ids[0]] < args.num_steps:  # sync: every env on one row
                     act(index, next_obs, env_ids)
@@ -666,11 +727,21 @@ if __name__ == "__main__":
 
             # views as (row, env); row T = num_steps is each env's bootstrap observation
             T = args.num_steps
-            by_row = [t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)]
+            by_row = [
+                t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)
+            ]
             obs_rows, action_rows, logprob_rows, reward_rows, done_rows, value_rows = by_row
-            advantages, returns = gae_step(reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T])
-            batch = Batch(obs_rows[:T].flatten(0, 1), action_rows[:T].flatten(0, 1), logprob_rows[:T].flatten(0, 1),
-                          advantages.flatten(), returns.flatten(), value_rows[:T].flatten())
+            advantages, returns = gae_step(
+                reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T]
+            )
+            batch = Batch(
+                obs_rows[:T].flatten(0, 1),
+                action_rows[:T].flatten(0, 1),
+                logprob_rows[:T].flatten(0, 1),
+                advantages.flatten(),
+                returns.flatten(),
+                value_rows[:T].flatten(),
+            )
             for _ in range(args.update_epochs):
                 order = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
@@ -692,6 +763,13 @@ if __name__ == "__main__":
     envs.close()
 
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
-    run.finish(partial(evaluate, agent_view, args, device, run.video_folder),
-               {"envpool_async": args.envpool_async, "num_updates": num_updates, "compiled_pieces": compiled,
-                "left_eager": pieces if args.compile and not compiled else []}, checkpoint)
+    run.finish(
+        partial(evaluate, agent_view, args, device, run.video_folder),
+        {
+            "envpool_async": args.envpool_async,
+            "num_updates": num_updates,
+            "compiled_pieces": compiled,
+            "left_eager": pieces if args.compile and not compiled else [],
+        },
+        checkpoint,
+    )

@@ -27,10 +27,12 @@ from typing import Literal, NamedTuple
 def cores_all_idle(seconds=0.2):
     """Whether every core this process may use was at least 75% idle over `seconds` (their idle share in
     /proc/stat); False where the system does not say (not Linux)."""
+
     def idle_and_total_jiffies():
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), idle_and_total_jiffies()
         time.sleep(seconds)
@@ -142,9 +144,17 @@ def make_envs(env_id, num_envs, seed=0, training=True, render=False):
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, stack_num=1,
-                        num_threads=min(num_envs, usable_cores()), episodic_life=training, reward_clip=training,
-                        seed=seed, render_mode="rgb_array" if render else None)
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        stack_num=1,
+        num_threads=min(num_envs, usable_cores()),
+        episodic_life=training,
+        reward_clip=training,
+        seed=seed,
+        render_mode="rgb_array" if render else None,
+    )
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -159,10 +169,15 @@ class Agent(nn.Module):
     def __init__(self, num_actions):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
         ).to(memory_format=torch.channels_last)  # on CPU, mkldnn's NHWC kernels halve the convolutions' backward
         self.lstm = nn.LSTM(512, 128)
         for name, param in self.lstm.named_parameters():
@@ -263,6 +278,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 class Minibatch(NamedTuple):
     """Whole env rows of the rollout: tensors (T, B, ...), the LSTM states they started from (1, B, 128), and
     their segment layout (`segment_layout`; empty tensors for the loop)."""
+
     obs: torch.Tensor
     dones: torch.Tensor
     initial_h: torch.Tensor
@@ -284,8 +300,9 @@ def ppo_loss(minibatch, *, agent, args):
     if args.lstm_impl == "loop":
         hidden, _ = lstm_loop(agent.lstm, features, h, c, minibatch.dones)
     else:
-        hidden = lstm_padded(agent.lstm, features, h, c, minibatch.frame_index, minibatch.state_index,
-                             minibatch.output_index)
+        hidden = lstm_padded(
+            agent.lstm, features, h, c, minibatch.frame_index, minibatch.state_index, minibatch.output_index
+        )
     _, new_logprob, entropy, new_value = agent.heads(hidden, minibatch.actions)
     advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
     logratio = new_logprob - minibatch.logprobs
@@ -303,8 +320,13 @@ def ppo_loss(minibatch, *, agent, args):
         v_loss = 0.5 * (new_value - returns).pow(2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-                  "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
 def update(minibatch, *, agent, optimizer, args):
@@ -341,8 +363,9 @@ def game_video(folder, first_frame, fps=15):
 def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs, with sampled actions (a greedy Atari policy
     can stall); with `video_folder`, the first env's game recorded there."""
-    envs = make_envs(args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False,
-                     render=video_folder is not None)
+    envs = make_envs(
+        args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
+    )
     torch.manual_seed(args.seed)  # evaluation does not depend on what training drew
     obs, _ = envs.reset()
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
@@ -401,10 +424,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -477,10 +502,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -519,15 +546,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -585,8 +620,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -618,19 +656,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -652,9 +699,13 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
@@ -662,10 +713,17 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
-    run = Run(args, counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"), rates=("learning_rate",),
-              fractions=("gae_lambda",))
+    run = Run(
+        args,
+        counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
+        rates=("learning_rate",),
+        fractions=("gae_lambda",),
+    )
     if args.num_envs % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: minibatches are whole env rows")
+        fail(
+            f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: minibatches are "
+            "whole env rows"
+        )
     envs_per_batch = args.num_envs // args.num_minibatches
     batch_size = args.num_envs * args.num_steps
     if 0 < args.total_timesteps < batch_size:
@@ -700,8 +758,9 @@ if __name__ == "__main__":
     gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), bool(compiled), run.cudagraphs)
     # One update per padded segment count, made at its first use: a CUDA graph has fixed shapes (compile shares
     # its cache between them).
-    update_steps = defaultdict(lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args),
-                                                bool(compiled), run.cudagraphs))
+    update_steps = defaultdict(
+        lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), bool(compiled), run.cudagraphs)
+    )
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     T, E = args.num_steps, args.num_envs
@@ -729,10 +788,14 @@ if __name__ == "__main__":
                 check_signals()
                 obs[step], dones[step], dones_host[step] = next_obs, next_done, next_done_np
                 actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_done)
-                next_obs_np, reward, terminations, truncations, infos = run.in_env(envs.step, actions[step].cpu().numpy())
+                next_obs_np, reward, terminations, truncations, infos = run.in_env(
+                    envs.step, actions[step].cpu().numpy()
+                )
                 global_step += E
                 next_done_np = (terminations | truncations).astype(np.float32)
-                step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(device, non_blocking=True)
+                step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(
+                    device, non_blocking=True
+                )
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
                 rewards[step], next_done = step_data[0], step_data[1]
                 # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
@@ -756,17 +819,29 @@ if __name__ == "__main__":
                         layout = no_layout
                         padded_steps += T * len(env_ids)
                     columns = torch.from_numpy(env_ids).to(device)
-                    minibatch = Minibatch(obs[:, columns], dones[:, columns], initial_h[:, columns], initial_c[:, columns],
-                                          *layout, *(t[:, columns] for t in (actions, logprobs, advantages, returns, values)))
+                    minibatch = Minibatch(
+                        obs[:, columns],
+                        dones[:, columns],
+                        initial_h[:, columns],
+                        initial_c[:, columns],
+                        *layout,
+                        *(t[:, columns] for t in (actions, logprobs, advantages, returns, values)),
+                    )
                     metrics = update_steps[layout[0].shape[-1]](minibatch)
                     num_updates += 1
             run.log(global_step, metrics, learning_rate=lr_now)
     run.end(global_step, metrics)
     envs.close()
 
-    summary = {"lstm_impl": args.lstm_impl, "padded_steps": padded_steps, "real_steps": real_steps,
-               "update_shapes": len(update_steps), "num_updates": num_updates, "compiled_pieces": compiled,
-               "left_eager": pieces if args.compile and not compiled else [],
-               "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
+    summary = {
+        "lstm_impl": args.lstm_impl,
+        "padded_steps": padded_steps,
+        "real_steps": real_steps,
+        "update_shapes": len(update_steps),
+        "num_updates": num_updates,
+        "compiled_pieces": compiled,
+        "left_eager": pieces if args.compile and not compiled else [],
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+    }
     checkpoint = {"num_actions": num_actions, "agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
     run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary, checkpoint)

@@ -110,7 +110,8 @@ LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
 class OneSampleRunningMeanStd(gym.wrappers.utils.RunningMeanStd):
     """gymnasium's running mean and variance, which its per-env wrappers feed one sample at a time: the mean and the
     variance of one sample are the sample and 0, so np.mean and np.var are skipped. They took 23 of the 83 us of a
-    HalfCheetah step through CleanRL's wrappers (1.10x the SPS on a 2-core CPU); the statistics are bit for bit the same."""
+    HalfCheetah step through CleanRL's wrappers (1.10x the SPS on a 2-core CPU); the statistics are bit for bit the
+    same."""
 
     def update(self, x):
         if len(x) != 1:
@@ -148,10 +149,14 @@ def make_envs(env_id, num_envs, gamma=0.99, training=True, video_folder=None):
         thunks = [make_env(env_id, gamma, training, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.DependencyNotInstalled as error:
-        fail(f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'")
+        fail(
+            f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'"
+        )
     except gym.error.UnregisteredEnv:
-        fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry()); "
-             "Atari games on envpool run with ppo_atari_envpool.py")
+        fail(
+            f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry()); "
+            "Atari games on envpool run with ppo_atari_envpool.py"
+        )
     except gym.error.Error as error:  # e.g. a deprecated version, with the one to use instead
         fail(f"{env_id}: {error}")
     return envs
@@ -176,10 +181,20 @@ def layer_init(layer, std=math.sqrt(2), bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, obs_dim, act_dim):
         super().__init__()
-        self.critic = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                                    nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
-        self.actor_mean = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
-                                        nn.Tanh(), layer_init(nn.Linear(64, act_dim), std=0.01))
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, act_dim), std=0.01),
+        )
         self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def get_value(self, obs):
@@ -238,6 +253,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 class Batch(NamedTuple):
     """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+
     obs: torch.Tensor
     actions: torch.Tensor
     logprobs: torch.Tensor
@@ -270,8 +286,14 @@ def update(minibatch, *, agent, params, optimizer, args):
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
     optimizer.step()
-    return {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-            "approx_kl": approx_kl, "clipfrac": clipfrac, "grad_norm": grad_norm.detach()}
+    return {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+        "grad_norm": grad_norm.detach(),
+    }
 
 
 def speed_up(fn, compile, cudagraphs):
@@ -340,10 +362,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -416,10 +440,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -458,15 +484,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -524,8 +558,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -557,19 +594,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -591,16 +637,24 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"), rates=("learning_rate",),
-              fractions=("gae_lambda",))
+    run = Run(
+        args,
+        counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
+        rates=("learning_rate",),
+        fractions=("gae_lambda",),
+    )
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")
@@ -626,8 +680,9 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    loaded = args.load_model and run.load_checkpoint({"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim,
-                                                     act_dim=act_dim)
+    loaded = args.load_model and run.load_checkpoint(
+        {"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim
+    )
     for normalizer in normalizers if loaded else ():  # the statistics the checkpoint's agent was trained with
         normalizer.obs_rms.mean, normalizer.obs_rms.var = loaded["obs_mean"].numpy(), loaded["obs_var"].numpy()
         normalizer.obs_rms.count = loaded["obs_count"]
@@ -663,12 +718,18 @@ if __name__ == "__main__":
                 check_signals()
                 obs[step], dones[step] = next_obs, next_done
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)
-                next_obs_np, reward, terminations, truncations, infos = run.in_env(envs.step, actions[step].cpu().numpy())
+                next_obs_np, reward, terminations, truncations, infos = run.in_env(
+                    envs.step, actions[step].cpu().numpy()
+                )
                 global_step += args.num_envs
                 # one host-to-device copy for observations, rewards and dones together
                 step_data = np.concatenate([next_obs_np, reward[:, None], (terminations | truncations)[:, None]], 1)
                 step_data = torch.from_numpy(step_data).to(device, torch.float32)
-                next_obs, rewards[step], next_done = step_data[:, :obs_dim], step_data[:, obs_dim], step_data[:, obs_dim + 1]
+                next_obs, rewards[step], next_done = (
+                    step_data[:, :obs_dim],
+                    step_data[:, obs_dim],
+                    step_data[:, obs_dim + 1],
+                )
                 if "final_info" in infos and "episode" in infos["final_info"]:
                     episodes = infos["final_info"]["episode"]
                     for episode_return in episodes["r"][episodes["_r"]]:
@@ -689,8 +750,17 @@ if __name__ == "__main__":
     envs.close()
 
     obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
-    checkpoint = {"obs_dim": obs_dim, "act_dim": act_dim, "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                  "obs_mean": torch.as_tensor(obs_stats.mean), "obs_var": torch.as_tensor(obs_stats.var),
-                  "obs_count": float(obs_stats.count)}
-    run.finish(partial(evaluate, agent_view, obs_stats, args, device, run.video_folder), {"num_updates": num_updates},
-               checkpoint)
+    checkpoint = {
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "obs_mean": torch.as_tensor(obs_stats.mean),
+        "obs_var": torch.as_tensor(obs_stats.var),
+        "obs_count": float(obs_stats.count),
+    }
+    run.finish(
+        partial(evaluate, agent_view, obs_stats, args, device, run.video_folder),
+        {"num_updates": num_updates},
+        checkpoint,
+    )

@@ -115,7 +115,9 @@ def make_envs(env_id, num_envs, video_folder=None):
         thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.DependencyNotInstalled as error:
-        fail(f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'")
+        fail(
+            f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'"
+        )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
     except gym.error.Error as error:  # e.g. a deprecated version, with the one to use instead
@@ -213,7 +215,9 @@ def policy(obs, *, actor):
     return actor(obs)[0]
 
 
-def update_critic(obs, actions, rewards, next_obs, terminations, *, actor, qnet, target_qnet, q_optimizer, alpha, gamma):
+def update_critic(
+    obs, actions, rewards, next_obs, terminations, *, actor, qnet, target_qnet, q_optimizer, alpha, gamma
+):
     with torch.no_grad():
         next_actions, next_log_prob, _ = actor(next_obs)
         next_q = target_qnet(next_obs, next_actions).min(0).values - alpha * next_log_prob
@@ -223,7 +227,11 @@ def update_critic(obs, actions, rewards, next_obs, terminations, *, actor, qnet,
     q_optimizer.zero_grad()
     q_loss.backward()
     q_optimizer.step()
-    return {"qf_loss": q_loss.detach(), "qf1_values": q_values[0].mean().detach(), "qf2_values": q_values[1].mean().detach()}
+    return {
+        "qf_loss": q_loss.detach(),
+        "qf1_values": q_values[0].mean().detach(),
+        "qf2_values": q_values[1].mean().detach(),
+    }
 
 
 def update_actor(obs, *, actor, qnet_view, actor_optimizer, alpha, log_alpha, alpha_optimizer, target_entropy):
@@ -312,10 +320,12 @@ def usable_cores():  # the cores this process may run on: its CPU affinity, capp
 def idle_cores(seconds=0.2):
     """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
     summed, capped by a container's quota. None where the system does not say (not Linux)."""
+
     def jiffies():  # per core: idle (with iowait) and total
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
     try:
         cores, before = os.sched_getaffinity(0), jiffies()
         time.sleep(seconds)
@@ -388,10 +398,12 @@ class Run:
         load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
             fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [(counts, lambda value: value > 0, "must be positive"),
-                 (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-                 (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-                 (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more")]
+        rules = [
+            (counts, lambda value: value > 0, "must be positive"),
+            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
+            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
+        ]
         for names, valid, rule in rules:
             for name in filter(lambda name: not valid(getattr(args, name)), names):
                 fail(f"--{name.replace('_', '-')} {rule}")
@@ -430,15 +442,23 @@ class Run:
             fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
             describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                 f"{self.args.env_id} has {describe(sizes)}")
+            fail(
+                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
+                f"{self.args.env_id} has {describe(sizes)}"
+            )
         return checkpoint
 
     def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
         # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
         try:
-            self.wandb.init(project=self.args.wandb_project_name, entity=self.args.wandb_entity, save_code=True,
-                            name=os.path.basename(self.dir), config=asdict(self.args), sync_tensorboard=True)
+            self.wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                save_code=True,
+                name=os.path.basename(self.dir),
+                config=asdict(self.args),
+                sync_tensorboard=True,
+            )
         except Exception as error:  # no API key, no network
             reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
@@ -496,8 +516,11 @@ class Run:
             recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
             self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
             if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.next_line = time.perf_counter() + LINE_EVERY
 
     @contextmanager
@@ -529,19 +552,28 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
             signal.signal(signum, signal.SIG_IGN)
         record = {
-            "script": os.path.basename(__file__), **{key: getattr(args, key, None) for key in (
-                "env_id", "seed", "num_envs", "total_timesteps", "compile")}, "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs, "cudagraphs_active": self.cudagraphs, "device": str(self.device),
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "script": os.path.basename(__file__),
+            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps, "steady_seconds": self.steady_seconds,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
             "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time, "env_seconds": self.env_seconds,
+            "total_seconds": time.perf_counter() - self.start_time,
+            "env_seconds": self.env_seconds,
             "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None, "eval_returns": eval_returns,
+            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
+            "eval_returns": eval_returns,
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics, "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None, **summary,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **summary,
         }
         if self.device.type == "cuda":
             record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -563,16 +595,24 @@ class Run:
         print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
         print("SPEED " + json.dumps(record))
         if self.stopped:
-            print(f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                  file=sys.stderr)
+            print(
+                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
+                file=sys.stderr,
+            )
             sys.exit(self.stopped.exit_code)
+
+
 # ---- end of the run bookkeeping ----
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, counts=("num_envs", "batch_size", "buffer_size", "policy_frequency", "target_network_frequency"),
-              rates=("policy_lr", "q_lr", "alpha", "tau"), fractions=("tau",))
+    run = Run(
+        args,
+        counts=("num_envs", "batch_size", "buffer_size", "policy_frequency", "target_network_frequency"),
+        rates=("policy_lr", "q_lr", "alpha", "tau"),
+        fractions=("tau",),
+    )
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
@@ -602,7 +642,9 @@ if __name__ == "__main__":
     q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.q_lr, device=device))
     actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.policy_lr, device=device))
     alpha_optimizer = adam([log_alpha], lr=torch.tensor(args.q_lr, device=device)) if args.autotune else None
-    states = dict(actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
+    states = dict(
+        actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer, actor_optimizer=actor_optimizer
+    )
     loaded = args.load_model and run.load_checkpoint(states, obs_dim=obs_dim, act_dim=act_dim)
     if loaded and args.autotune:  # a fixed alpha's checkpoint has no optimizer state for it
         log_alpha.data.copy_(loaded["log_alpha"])
@@ -611,10 +653,25 @@ if __name__ == "__main__":
     alpha = log_alpha.detach().exp()  # updated in place by the alpha step when autotuned
 
     policy_step = partial(policy, actor=actor_view)
-    critic_step = partial(update_critic, actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer,
-                          alpha=alpha, gamma=args.gamma)
-    actor_step = partial(update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer, alpha=alpha,
-                         log_alpha=log_alpha, alpha_optimizer=alpha_optimizer, target_entropy=-float(act_dim))
+    critic_step = partial(
+        update_critic,
+        actor=actor,
+        qnet=qnet,
+        target_qnet=target_qnet,
+        q_optimizer=q_optimizer,
+        alpha=alpha,
+        gamma=args.gamma,
+    )
+    actor_step = partial(
+        update_actor,
+        actor=actor,
+        qnet_view=qnet_view,
+        actor_optimizer=actor_optimizer,
+        alpha=alpha,
+        log_alpha=log_alpha,
+        alpha_optimizer=alpha_optimizer,
+        target_entropy=-float(act_dim),
+    )
     # On a CPU --compile leaves every piece eager: the policy step and the actor update (through the critics' detached
     # view) ran 1.1-1.65x slower compiled there, the critic update 0.95-0.98x on one CPU and 1.05-1.10x on a faster
     # one (docs/speed.md): no piece gains reliably.
@@ -662,8 +719,20 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     envs.close()
 
-    checkpoint = {"obs_dim": obs_dim, "act_dim": act_dim, **{name: state.state_dict() for name, state in states.items()},
-                  "log_alpha": log_alpha.detach(), "alpha_optimizer": alpha_optimizer and alpha_optimizer.state_dict()}
-    run.finish(partial(evaluate, actor_view, args, device, run.video_folder),
-               {"num_updates": num_updates, "alpha": alpha.item(), "compiled_pieces": compiled,
-                "left_eager": sorted(pieces.keys() - compiled) if args.compile else []}, checkpoint)
+    checkpoint = {
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        **{name: state.state_dict() for name, state in states.items()},
+        "log_alpha": log_alpha.detach(),
+        "alpha_optimizer": alpha_optimizer and alpha_optimizer.state_dict(),
+    }
+    run.finish(
+        partial(evaluate, actor_view, args, device, run.video_folder),
+        {
+            "num_updates": num_updates,
+            "alpha": alpha.item(),
+            "compiled_pieces": compiled,
+            "left_eager": sorted(pieces.keys() - compiled) if args.compile else [],
+        },
+        checkpoint,
+    )

@@ -29,14 +29,38 @@ SCRIPTS = os.path.join(ROOT, "leanrl_scripts")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(ROOT, ".torchinductor-cache"))
 
 SUMMARY_KEYS = {
-    "script", "env_id", "seed", "num_envs", "total_timesteps", "mode", "compile", "cudagraphs_requested",
-    "cudagraphs_active", "device", "torch_version", "sps", "steady_steps", "steady_seconds", "warmup_seconds",
-    "total_seconds", "return_mean", "eval_return_mean", "peak_memory_mb", "env_seconds",
+    "script",
+    "env_id",
+    "seed",
+    "num_envs",
+    "total_timesteps",
+    "mode",
+    "compile",
+    "cudagraphs_requested",
+    "cudagraphs_active",
+    "device",
+    "torch_version",
+    "sps",
+    "steady_steps",
+    "steady_seconds",
+    "warmup_seconds",
+    "total_seconds",
+    "return_mean",
+    "eval_return_mean",
+    "peak_memory_mb",
+    "env_seconds",
 }
 # What an interpreter reads once as it starts (sys.path, OpenMP and torch's threads): a run whose environment differs
 # from the script server's there gets a fresh interpreter (tests/script_server.py).
-READ_AT_START = ("PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-                 "MKL_NUM_THREADS", "LD_PRELOAD")
+READ_AT_START = (
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "MKL_NUM_THREADS",
+    "LD_PRELOAD",
+)
 
 
 class ScriptServer:
@@ -46,8 +70,13 @@ class ScriptServer:
         self.folder = tempfile.mkdtemp(prefix="leanrl-tests-")
         self.address = os.path.join(self.folder, "socket")
         self.env = {**os.environ, "PYTHONPATH": ROOT}
-        self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "script_server.py"), self.address],
-                                        env=self.env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "script_server.py"), self.address],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
         assert self.process.stdout.readline() == "ready\n", "the script server did not start"
         atexit.register(self.close)
 
@@ -149,8 +178,15 @@ def start_script(script, args, cwd, env=None, new_session=False, sigint_default=
         if not SERVER:
             SERVER.append(ScriptServer())
         if SERVER[0].serves(env):
-            request = {"script": path, "args": list(map(str, args)), "cwd": str(cwd), "env": env,
-                       "new_session": new_session, "sigint_default": sigint_default, "file_size_limit": file_size_limit}
+            request = {
+                "script": path,
+                "args": list(map(str, args)),
+                "cwd": str(cwd),
+                "env": env,
+                "new_session": new_session,
+                "sigint_default": sigint_default,
+                "file_size_limit": file_size_limit,
+            }
             return ServedScript(SERVER[0], request)
 
     def before_exec():
@@ -160,9 +196,17 @@ def start_script(script, args, cwd, env=None, new_session=False, sigint_default=
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
-    return subprocess.Popen([sys.executable, path, *map(str, args)], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=new_session, preexec_fn=before_exec)
+    return subprocess.Popen(
+        [sys.executable, path, *map(str, args)],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=new_session,
+        preexec_fn=before_exec,
+    )
 
 
 def run_script(script, args, cwd, check=True, timeout=900, env=None):
@@ -184,7 +228,7 @@ def run_script(script, args, cwd, check=True, timeout=900, env=None):
         summary = json.load(f)
     speed_lines = [line for line in proc.stdout.splitlines() if line.startswith("SPEED ")]
     assert speed_lines and speed_lines[-1] == proc.stdout.rstrip().splitlines()[-1], "SPEED must be the last line"
-    assert json.loads(speed_lines[-1][len("SPEED "):]) == summary
+    assert json.loads(speed_lines[-1][len("SPEED ") :]) == summary
     summary["run_dir"] = run_dir
     return summary, proc
 
@@ -287,13 +331,21 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
     game: each costs tens of seconds on Atari); the checkpoint refused, exit code 2, on a game with other actions."""
     trained, _ = run_script(script, [*train_args, "--save-model", "--eval-episodes", 0], workdir)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
-    loaded, _ = run_script(script, ["--total-timesteps", 0, "--eval-episodes", 0, "--load-model", checkpoint,
-                                    "--save-model"], workdir)
-    first, second = (torch.load(os.path.join(run["run_dir"], "model.pt"), weights_only=True) for run in (trained, loaded))
+    loaded, _ = run_script(
+        script, ["--total-timesteps", 0, "--eval-episodes", 0, "--load-model", checkpoint, "--save-model"], workdir
+    )
+    first, second = (
+        torch.load(os.path.join(run["run_dir"], "model.pt"), weights_only=True) for run in (trained, loaded)
+    )
     assert first[weights].keys() == second[weights].keys()
     assert all(torch.equal(first[weights][name], second[weights][name]) for name in first[weights])
-    _, proc = run_script(script, ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
-                         workdir, check=False, timeout=120)
+    _, proc = run_script(
+        script,
+        ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
+        workdir,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Pong-v5 has num_actions 6" in proc.stderr
 
 
@@ -318,5 +370,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter, config):
     if config.stash.get(SLOW_LEFT_OUT, 0):
-        terminalreporter.write_line(f"{config.stash[SLOW_LEFT_OUT]} slow tests left out: python -m pytest -m slow "
-                                    "runs them (CI runs both tiers)")
+        terminalreporter.write_line(
+            f"{config.stash[SLOW_LEFT_OUT]} slow tests left out: python -m pytest -m slow "
+            "runs them (CI runs both tiers)"
+        )

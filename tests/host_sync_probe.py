@@ -22,9 +22,27 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 T = torch.Tensor
-SYNCS = {T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.__repr__, T.__format__, T.cpu, T.numpy,
-         torch.nonzero, T.nonzero, torch.argwhere, torch.masked_select, T.masked_select, torch.unique, T.unique,
-         torch.repeat_interleave, T.repeat_interleave}
+SYNCS = {
+    T.item,
+    T.tolist,
+    T.__bool__,
+    T.__float__,
+    T.__int__,
+    T.__index__,
+    T.__repr__,
+    T.__format__,
+    T.cpu,
+    T.numpy,
+    torch.nonzero,
+    T.nonzero,
+    torch.argwhere,
+    torch.masked_select,
+    T.masked_select,
+    torch.unique,
+    T.unique,
+    torch.repeat_interleave,
+    T.repeat_interleave,
+}
 calls = {}
 active = set()  # the pieces running under the probe now
 
@@ -37,7 +55,8 @@ class HostSyncs(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         bool_index = func in (T.__getitem__, T.__setitem__) and any(
-            isinstance(i, T) and i.dtype == torch.bool for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+            isinstance(i, T) and i.dtype == torch.bool for i in (args[1] if isinstance(args[1], tuple) else (args[1],))
+        )
         if func in SYNCS or bool_index:
             where = traceback.extract_stack(limit=2)[0]  # the line that made the call
             self.found.append(f"{getattr(func, '__name__', func)} at {os.path.basename(where.filename)}:{where.lineno}")

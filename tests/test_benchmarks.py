@@ -9,33 +9,58 @@ import sys
 
 import numpy as np
 import pytest
+
 from conftest import ROOT
 
 
 def summary(mode, sps, steady_steps=1000, env_seconds=1.0, **extra):
-    return {"script": "sac_continuous_action.py", "env_id": "HalfCheetah-v5", "num_envs": 1, "device": "cpu",
-            "torch_version": "2.13.0", "total_timesteps": 6000, "mode": mode, "sps": sps,
-            "steady_steps": steady_steps, "steady_seconds": steady_steps / sps, "env_seconds": env_seconds,
-            "warmup_seconds": 3.0, "return_mean": -250.0, "cudagraphs_requested": "cudagraphs" in mode,
-            "cudagraphs_active": False, **extra}
+    return {
+        "script": "sac_continuous_action.py",
+        "env_id": "HalfCheetah-v5",
+        "num_envs": 1,
+        "device": "cpu",
+        "torch_version": "2.13.0",
+        "total_timesteps": 6000,
+        "mode": mode,
+        "sps": sps,
+        "steady_steps": steady_steps,
+        "steady_seconds": steady_steps / sps,
+        "env_seconds": env_seconds,
+        "warmup_seconds": 3.0,
+        "return_mean": -250.0,
+        "cudagraphs_requested": "cudagraphs" in mode,
+        "cudagraphs_active": False,
+        **extra,
+    }
 
 
 def collect(folder, runs):
     """Writes each run as folder/<name>.json, then runs the collector on the folder."""
     for name, run in runs.items():
         (folder / f"{name}.json").write_text(json.dumps(run))
-    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(folder)],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(folder)], capture_output=True, text=True
+    )
 
 
 def test_collect_builds_the_table_with_ceilings(tmp_path):
     modes = [("eager", 100.0), ("compile", 150.0), ("cudagraphs", 100.0), ("compile+cudagraphs", 200.0)]
-    proc = collect(tmp_path, {**{f"sac__{mode}": summary(mode, sps) for mode, sps in modes},
-                              "sac__env_only": {"env_only_sps": 20000.0}})
+    proc = collect(
+        tmp_path,
+        {**{f"sac__{mode}": summary(mode, sps) for mode, sps in modes}, "sac__env_only": {"env_only_sps": 20000.0}},
+    )
     assert proc.returncode == 0, proc.stderr
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line}
-    assert list(rows)[1:] == ["eager", "compile", "cudagraphs (graphs inactive: no CUDA)", "compile+cudagraphs (graphs inactive: no CUDA)"]
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
+    assert list(rows)[1:] == [
+        "eager",
+        "compile",
+        "cudagraphs (graphs inactive: no CUDA)",
+        "compile+cudagraphs (graphs inactive: no CUDA)",
+    ]
     # compile: 1000 steps in 1000/150 s, 1 s of it in the env -> learner-bound 1000 / (6.667 - 1) = 176
     # the env took 1 s for 1000 steps that env-only steps in 0.05 s: 20x
     assert rows["compile"] == ["150", "1.50x", "-250.0", "20000", "176", "0.85", "3.0", "20.00"]
@@ -59,8 +84,15 @@ def test_collect_adds_the_padding_cost_of_the_lstm_script(tmp_path):
 
 def test_collect_reads_the_async_learner_bound_and_the_replay_ratio(tmp_path):
     # 1000 steps in 10 s, 4 of them spent by the learner waiting for the actor: learner-bound 1000 / 6 = 167
-    run = summary("eager", 100.0, env_seconds=9.0, async_actor=True, learner_wait_seconds=4.0,
-                  replay_ratio_target=12.8, replay_ratio_achieved=12.7)
+    run = summary(
+        "eager",
+        100.0,
+        env_seconds=9.0,
+        async_actor=True,
+        learner_wait_seconds=4.0,
+        replay_ratio_target=12.8,
+        replay_ratio_achieved=12.7,
+    )
     proc = collect(tmp_path, {"dqn_async__eager": run})
     header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert header.endswith("| replay ratio achieved / target |") and row.endswith("| 12.70 / 12.80 |")
@@ -69,8 +101,18 @@ def test_collect_reads_the_async_learner_bound_and_the_replay_ratio(tmp_path):
 
 def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
     # 1000 steps in 10 s, 2 of them waiting for unrolls: learner-bound 125; the actors' own ceiling 110 is lower
-    run = summary("eager", 100.0, env_seconds=3.0, learner_wait_seconds=2.0, actor_sps=110.0, num_actors=4,
-                  envs_per_actor=2, replay_ratio=0.5, policy_lag_mean=2.25, policy_lag_max=5)
+    run = summary(
+        "eager",
+        100.0,
+        env_seconds=3.0,
+        learner_wait_seconds=2.0,
+        actor_sps=110.0,
+        num_actors=4,
+        envs_per_actor=2,
+        replay_ratio=0.5,
+        policy_lag_mean=2.25,
+        policy_lag_max=5,
+    )
     proc = collect(tmp_path, {"impala__eager": run})
     header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert header.endswith("| actors x envs | replayed | actor SPS | policy lag mean / max |")
@@ -83,17 +125,37 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     """Two of the four modes (CI time: all four took 9.5 of CI's 40 minutes): eager, the collector's baseline,
     and compile+cudagraphs, the path no other test runs for some scripts; each script's own tests run the rest."""
     env = {**os.environ, "PYTHON": sys.executable, "MODES": "eager compile+cudagraphs"}
-    proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)], capture_output=True,
-                          text=True, env=env, timeout=1500)
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    names = {"ppo_atari": "Breakout-v5", "ppo_atari_async": "Breakout-v5", "ppo_continuous": "Pendulum-v1",
-             "ppo_lstm": "Breakout-v5", "ppo_lstm_loop": "Breakout-v5", "sac": "Pendulum-v1", "td3": "Pendulum-v1",
-             "dqn": "CartPole-v1", "dqn_async": "CartPole-v1", "dqn_atari": "Breakout-v5", "dqn_atari_async": "Breakout-v5",
-             "impala": "Breakout-v5", "impala_lstm": "Breakout-v5"}
+    names = {
+        "ppo_atari": "Breakout-v5",
+        "ppo_atari_async": "Breakout-v5",
+        "ppo_continuous": "Pendulum-v1",
+        "ppo_lstm": "Breakout-v5",
+        "ppo_lstm_loop": "Breakout-v5",
+        "sac": "Pendulum-v1",
+        "td3": "Pendulum-v1",
+        "dqn": "CartPole-v1",
+        "dqn_async": "CartPole-v1",
+        "dqn_atari": "Breakout-v5",
+        "dqn_atari_async": "Breakout-v5",
+        "impala": "Breakout-v5",
+        "impala_lstm": "Breakout-v5",
+    }
     impala_variants = {"impala_1actor": 1, "impala_4actors": 4, "impala_replay": 2}  # eager only
     for name, num_actors in impala_variants.items():
         run = json.loads((tmp_path / f"{name}__eager.json").read_text())
-        assert run["num_actors"] == num_actors and run["sps"] > 0 and (run["replay_ratio"] > 0) == (name == "impala_replay")
+        assert (
+            run["num_actors"] == num_actors
+            and run["sps"] > 0
+            and (run["replay_ratio"] > 0) == (name == "impala_replay")
+        )
         assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
     for name, env_id in names.items():
         for mode in ("eager", "compile+cudagraphs"):
@@ -120,14 +182,22 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
     import matplotlib.image
 
     runs = {f"bench{i}__{mode}": summary(mode, 100.0 + i) for i in range(5) for mode in ("eager", "compile")}
-    (tmp_path / "reference.json").write_text(json.dumps({"_measured": "where", "bench1": {"LeanRL --compile": 80},
-                                                         "bench3": {"LeanRL": 70, "ours, same sitting": 90}}))
+    (tmp_path / "reference.json").write_text(
+        json.dumps(
+            {
+                "_measured": "where",
+                "bench1": {"LeanRL --compile": 80},
+                "bench3": {"LeanRL": 70, "ours, same sitting": 90},
+            }
+        )
+    )
     proc = collect(tmp_path, runs)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("Reference scripts on this machine kind:") == 2
     assert "Reference scripts on this machine kind: LeanRL --compile 80 SPS." in proc.stdout.split("### bench2")[0]
-    assert ("Reference scripts on this machine kind: LeanRL 70 SPS (ours in the same sitting, alternating runs: 90 "
-            "SPS).") in proc.stdout.split("### bench3")[1]
+    assert (
+        "Reference scripts on this machine kind: LeanRL 70 SPS (ours in the same sitting, alternating runs: 90 SPS)."
+    ) in proc.stdout.split("### bench3")[1]
     height, width, _ = matplotlib.image.imread(tmp_path / "speed.png").shape
     assert width == 900 and height > width / 2
 
@@ -137,7 +207,16 @@ def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(
     """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves, the
     losses and the table are read back against the runs' own records, and a second call runs nothing again."""
     env = {**os.environ, "PYTHON": sys.executable}
-    command = ["bash", os.path.join(ROOT, "run.sh"), "--learning", "--smoke", "--seeds", "2", "--results", str(tmp_path)]
+    command = [
+        "bash",
+        os.path.join(ROOT, "run.sh"),
+        "--learning",
+        "--smoke",
+        "--seeds",
+        "2",
+        "--results",
+        str(tmp_path),
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "learning"
@@ -151,7 +230,7 @@ def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(
         assert [int(row["step"]) for row in curve] == record["steps"] and len(curve) > 0
         assert [float(row["return"]) for row in curve] == pytest.approx(record["returns"])
         assert sorted(float(row["seconds"]) for row in curve) == [float(row["seconds"]) for row in curve]
-        last_logged = {tag[len("losses/"):]: series[-1][1] for tag, series in record["losses"].items()}
+        last_logged = {tag[len("losses/") :]: series[-1][1] for tag, series in record["losses"].items()}
         final_metrics = record["summary"]["final_metrics"]  # what the run logged last, also in its summary
         assert final_metrics and {name: last_logged[name] for name in final_metrics} == pytest.approx(final_metrics)
     table = (folder / "final.md").read_text()
@@ -189,7 +268,9 @@ def test_the_reference_shim_hands_out_what_gymnasium_029_did_against_envs_steppe
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import learning
 
-    script = learning.GYMNASIUM_029_SHIM + """
+    script = (
+        learning.GYMNASIUM_029_SHIM
+        + """
 import json
 import gymnasium as gym
 import numpy as np
@@ -221,6 +302,7 @@ for step in range(300):
         assert np.allclose(obs[i], o)
 print(json.dumps({"episodes": checked}))
 """
+    )
     (tmp_path / "shim_check.py").write_text(script)
     proc = subprocess.run([sys.executable, "shim_check.py"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -286,20 +368,44 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import learning
 
-    cleanrl = fake_repository(tmp_path / "cleanrl", {"cleanrl/dqn.py": FAKE_CLEANRL_DQN,
-                                                     "cleanrl_utils/__init__.py": "", "cleanrl_utils/buffers.py":
-                                                     "class ReplayBuffer:\n    pass\n"})
+    cleanrl = fake_repository(
+        tmp_path / "cleanrl",
+        {
+            "cleanrl/dqn.py": FAKE_CLEANRL_DQN,
+            "cleanrl_utils/__init__.py": "",
+            "cleanrl_utils/buffers.py": "class ReplayBuffer:\n    pass\n",
+        },
+    )
     leanrl = fake_repository(tmp_path / "leanrl", {"leanrl/sac_continuous_action_torchcompile.py": FAKE_LEANRL_SAC})
-    monkeypatch.setitem(learning.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl",
-                                                              ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]))
+    monkeypatch.setitem(
+        learning.REFERENCE_REPOS,
+        "CleanRL",
+        ("fake/cleanrl", cleanrl, "cleanrl", ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
+    )
     monkeypatch.setitem(learning.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
     monkeypatch.setitem(learning.REFERENCE_PATCHES, "sac_continuous_action_torchcompile", [])
     folder = tmp_path / "results"
     for seed in (1, 2):
-        learning.run_task("dqn_cartpole", seed, "smoke", str(folder), sys.executable, "CleanRL",
-                          str(tmp_path / "cleanrl"), sys.executable)
-        learning.run_task("sac_pendulum", seed, "smoke", str(folder), sys.executable, "LeanRL",
-                          str(tmp_path / "leanrl"), sys.executable)
+        learning.run_task(
+            "dqn_cartpole",
+            seed,
+            "smoke",
+            str(folder),
+            sys.executable,
+            "CleanRL",
+            str(tmp_path / "cleanrl"),
+            sys.executable,
+        )
+        learning.run_task(
+            "sac_pendulum",
+            seed,
+            "smoke",
+            str(folder),
+            sys.executable,
+            "LeanRL",
+            str(tmp_path / "leanrl"),
+            sys.executable,
+        )
     dqn = json.loads((folder / "runs" / "dqn_cartpole__cleanrl__seed1.json").read_text())
     assert dqn["commit"] == cleanrl and dqn["command"] == "cleanrl/dqn.py --total-timesteps 2000 --learning-starts 500"
     assert dqn["steps_done"] == 2000 and len(dqn["returns"]) > 20 and "returns_kind" not in dqn
@@ -312,14 +418,28 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
     learning.collect(str(folder))
     table = (folder / "final.md").read_text()
     rows = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
-    finals = [learning.final_training_return(json.loads((folder / "runs" / f"sac_pendulum__leanrl__seed{seed}.json")
-                                                        .read_text())) for seed in (1, 2)]
-    assert f"| 2 | none | |  | {np.mean(finals):.1f} +- {np.std(finals):.1f} |" in rows[
-        "LeanRL: sac_continuous_action_torchcompile.py, its default env"]
+    finals = [
+        learning.final_training_return(
+            json.loads((folder / "runs" / f"sac_pendulum__leanrl__seed{seed}.json").read_text())
+        )
+        for seed in (1, 2)
+    ]
+    assert (
+        f"| 2 | none | |  | {np.mean(finals):.1f} +- {np.std(finals):.1f} |"
+        in rows["LeanRL: sac_continuous_action_torchcompile.py, its default env"]
+    )
     assert "CleanRL: dqn.py, its default env" in rows and (folder / "dqn_cartpole.png").stat().st_size > 10_000
     with open(folder / "curves.csv") as f:
         assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "LeanRL"}
     monkeypatch.setitem(learning.REFERENCE_PATCHES, "dqn", [("a line it lost\n", "", "a fix it needed")])
     with pytest.raises(SystemExit, match="no longer has the line patched for: a fix it needed"):
-        learning.run_task("dqn_cartpole", 3, "smoke", str(folder), sys.executable, "CleanRL",
-                          str(tmp_path / "cleanrl"), sys.executable)
+        learning.run_task(
+            "dqn_cartpole",
+            3,
+            "smoke",
+            str(folder),
+            sys.executable,
+            "CleanRL",
+            str(tmp_path / "cleanrl"),
+            sys.executable,
+        )

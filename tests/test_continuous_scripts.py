@@ -5,14 +5,31 @@ import math
 import os
 
 import pytest
+
 from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, run_script
 
 SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]
 # A small Pendulum run: 200 random steps, then 200 updates of which 5 are warm-up.
-TINY = ["--env-id", "Pendulum-v1", "--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5,
-        "--batch-size", 64, "--eval-episodes", 2]
-MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-         "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+TINY = [
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    400,
+    "--learning-starts",
+    200,
+    "--measure-burnin",
+    5,
+    "--batch-size",
+    64,
+    "--eval-episodes",
+    2,
+]
+MODES = {
+    "eager": [],
+    "compile": ["--compile"],
+    "cudagraphs": ["--cudagraphs"],
+    "compile+cudagraphs": ["--compile", "--cudagraphs"],
+}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -44,8 +61,9 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_same_seed_gives_identical_runs(script, workdir):
     # the thread count is pinned: by default it follows the cores idle at start, and it changes the rounding
-    (first, _), _ = assert_same_seed_same_numbers(script, TINY + ["--torch-threads", 2], workdir,
-                                                  ["return_mean", "eval_returns", "final_metrics"])
+    (first, _), _ = assert_same_seed_same_numbers(
+        script, TINY + ["--torch-threads", 2], workdir, ["return_mean", "eval_returns", "final_metrics"]
+    )
     other_seed, _ = run_script(script, TINY + ["--seed", 2], workdir)
     assert other_seed["eval_returns"] != first["eval_returns"]
 
@@ -55,8 +73,11 @@ def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
     trained, _ = run_script(script, TINY + ["--save-model"], workdir)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     assert os.path.isfile(checkpoint) and not os.path.exists(checkpoint + ".tmp")
-    evaluated, _ = run_script(script, ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2,
-                                       "--load-model", checkpoint], workdir)
+    evaluated, _ = run_script(
+        script,
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint],
+        workdir,
+    )
     assert evaluated["eval_returns"] == trained["eval_returns"]  # same weights, same evaluation seed
     assert evaluated["num_updates"] == 0 and evaluated["sps"] is None
     continued, _ = run_script(script, TINY + ["--load-model", checkpoint], workdir)
@@ -66,8 +87,20 @@ def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_several_envs_step_together(script, workdir):
-    args = TINY[:2] + ["--num-envs", 3, "--total-timesteps", 600, "--learning-starts", 300, "--measure-burnin", 5,
-                       "--batch-size", 64, "--eval-episodes", 2]
+    args = TINY[:2] + [
+        "--num-envs",
+        3,
+        "--total-timesteps",
+        600,
+        "--learning-starts",
+        300,
+        "--measure-burnin",
+        5,
+        "--batch-size",
+        64,
+        "--eval-episodes",
+        2,
+    ]
     summary, _ = run_script(script, args, workdir)
     assert summary["num_envs"] == 3
     assert summary["num_updates"] == 100  # one update per vector step once 300 env steps are in the buffer
@@ -93,15 +126,18 @@ def test_capture_video_records_the_evaluation(workdir):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("args, message", [
-    (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
-    (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
-    (["--env-id", "tests.image_env:ImageObs-v0"], "needs a flat (1-D Box) one"),
-    (["--total-timesteps", 0], "--total-timesteps must be positive"),
-    (["--total-timesteps", -10], "--total-timesteps must be positive"),
-    (["--num-envs", 0], "--num-envs must be positive"),
-    (["--load-model", "missing.pt"], "no checkpoint at missing.pt"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
+        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (["--env-id", "tests.image_env:ImageObs-v0"], "needs a flat (1-D Box) one"),
+        (["--total-timesteps", 0], "--total-timesteps must be positive"),
+        (["--total-timesteps", -10], "--total-timesteps must be positive"),
+        (["--num-envs", 0], "--num-envs must be positive"),
+        (["--load-model", "missing.pt"], "no checkpoint at missing.pt"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, workdir):
     _, proc = run_script(script, ["--env-id", "Pendulum-v1"] + args, workdir, check=False, timeout=120)
     assert proc.returncode == 2
@@ -113,6 +149,17 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, work
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_checkpoint_from_another_env_is_refused(script, workdir):
     trained, _ = run_script(script, TINY + ["--save-model", "--eval-episodes", 0], workdir)
-    _, proc = run_script(script, ["--env-id", "MountainCarContinuous-v0", "--total-timesteps", 0, "--load-model",
-                                  os.path.join(trained["run_dir"], "model.pt")], workdir, check=False)
+    _, proc = run_script(
+        script,
+        [
+            "--env-id",
+            "MountainCarContinuous-v0",
+            "--total-timesteps",
+            0,
+            "--load-model",
+            os.path.join(trained["run_dir"], "model.pt"),
+        ],
+        workdir,
+        check=False,
+    )
     assert proc.returncode == 2 and "was trained on Pendulum-v1" in proc.stderr

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from conftest import SCRIPTS, load_script, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
@@ -47,9 +48,13 @@ def test_the_users_choice_wins_then_one_thread_on_cuda_then_the_scripts(monkeypa
 # ("idle": the cores idle at start). SAC and TD3 are the ones a second core pays; the other MLPs take one thread;
 # the CNN learners take the usable cores, less the actor process's one (async DQN) or the local actors' (IMPALA).
 THREADS_ASKED = [
-    ("sac_continuous_action.py", {}, "idle"), ("td3_continuous_action.py", {}, "idle"),
-    ("ppo_continuous_action.py", {}, 1), ("dqn.py", {}, 1),
-    ("ppo_atari_envpool.py", {}, 16), ("ppo_atari_lstm.py", {}, 16), ("dqn_atari.py", {}, 16),
+    ("sac_continuous_action.py", {}, "idle"),
+    ("td3_continuous_action.py", {}, "idle"),
+    ("ppo_continuous_action.py", {}, 1),
+    ("dqn.py", {}, 1),
+    ("ppo_atari_envpool.py", {}, 16),
+    ("ppo_atari_lstm.py", {}, 16),
+    ("dqn_atari.py", {}, 16),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=True)}, 15),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=False)}, 1),
     ("impala_ray.py", {"kind": "atari", "local_actors": 4}, 12),
@@ -62,8 +67,11 @@ THREADS_ASKED = [
 def test_each_script_asks_for_its_threads(script, names, expected, monkeypatch):
     with open(os.path.join(SCRIPTS, script)) as f:
         main = textwrap.dedent(f.read().split('if __name__ == "__main__":')[1])
-    (call,) = [node for node in ast.walk(ast.parse(main)) if isinstance(node, ast.Call)
-               and getattr(node.func, "id", None) == "tune_cpu"]
+    (call,) = [
+        node
+        for node in ast.walk(ast.parse(main))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tune_cpu"
+    ]
     assert [ast.unparse(arg) for arg in call.args] == ["args.torch_threads", "device"]
     keywords = {keyword.arg: keyword.value for keyword in call.keywords}
     threads = eval(ast.unparse(keywords["threads"]), {"usable_cores": lambda: 16, **names})
@@ -73,13 +81,16 @@ def test_each_script_asks_for_its_threads(script, names, expected, monkeypatch):
     assert keeps == ("True" if script in FREED_MEMORY_SCRIPTS else None)
 
 
-@pytest.mark.parametrize("cpu_max, affinity, expected", [
-    ("max 100000\n", 16, 16),  # no quota
-    ("400000 100000\n", 16, 4),  # a container limited to 4 CPUs
-    ("150000 100000\n", 16, 1),  # 1.5 CPUs: a second thread would be throttled half the time
-    ("800000 100000\n", 2, 2),  # the affinity is the tighter limit
-    (None, 6, 6),  # no cgroup v2
-])
+@pytest.mark.parametrize(
+    "cpu_max, affinity, expected",
+    [
+        ("max 100000\n", 16, 16),  # no quota
+        ("400000 100000\n", 16, 4),  # a container limited to 4 CPUs
+        ("150000 100000\n", 16, 1),  # 1.5 CPUs: a second thread would be throttled half the time
+        ("800000 100000\n", 2, 2),  # the affinity is the tighter limit
+        (None, 6, 6),  # no cgroup v2
+    ],
+)
 def test_usable_cores_reads_the_affinity_and_the_cgroup_quota(cpu_max, affinity, expected, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)))
 
@@ -161,10 +172,36 @@ def test_keeping_freed_memory_leaves_other_c_libraries_alone(monkeypatch):
 
 
 TINY_RUNS = {
-    "sac_continuous_action.py": ["--env-id", "Pendulum-v1", "--total-timesteps", 250, "--learning-starts", 200,
-                                 "--batch-size", 32, "--measure-burnin", 5, "--eval-episodes", 0],
-    "ppo_atari_envpool.py": ["--total-timesteps", 128, "--num-envs", 2, "--num-steps", 32, "--num-minibatches", 2,
-                             "--update-epochs", 1, "--eval-episodes", 0, "--measure-burnin", 0],
+    "sac_continuous_action.py": [
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        250,
+        "--learning-starts",
+        200,
+        "--batch-size",
+        32,
+        "--measure-burnin",
+        5,
+        "--eval-episodes",
+        0,
+    ],
+    "ppo_atari_envpool.py": [
+        "--total-timesteps",
+        128,
+        "--num-envs",
+        2,
+        "--num-steps",
+        32,
+        "--num-minibatches",
+        2,
+        "--update-epochs",
+        1,
+        "--eval-episodes",
+        0,
+        "--measure-burnin",
+        0,
+    ],
 }
 
 
@@ -216,8 +253,9 @@ def test_the_lstm_spins_before_sleeping_only_when_every_core_it_may_use_is_idle(
     assert module.cores_all_idle()
     fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1, 2])
     assert not module.cores_all_idle()
-    monkeypatch.setattr(module, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])),
-                        raising=False)
+    monkeypatch.setattr(
+        module, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])), raising=False
+    )
     assert not module.cores_all_idle()  # no /proc: no spin, the choice that costs least when it is wrong
     spinners = [mp.Process(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)))]
     for process in spinners:
@@ -245,8 +283,9 @@ def test_idle_core_count_reads_the_cores_this_process_may_use(monkeypatch):
     assert chosen(0, CPU, "idle") == 3  # 2.8 idle cores: 80% idle counts
     fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=[0, 1, 2], quota=1.5)
     assert chosen(0, CPU, "idle") == 1  # a container's 1.5 CPUs: a second thread is throttled half the time
-    monkeypatch.setattr(BLOCK, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])),
-                        raising=False)
+    monkeypatch.setattr(
+        BLOCK, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])), raising=False
+    )
     assert BLOCK.idle_cores() is None and chosen(0, CPU, "idle") == 1  # no /proc: one thread, the safe choice
 
 

@@ -6,13 +6,27 @@ import os
 import re
 
 import pytest
+
 from conftest import ROOT, SCRIPTS, run_script
 
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py.
-OTHER_COMMANDS = {"--head", "--address", "--force", "--quick", "--smoke", "--results", "--learning", "--seeds", "--help",
-                  "--cleanrl", "--leanrl", "--reference-python",
-                  "--logdir", "--busy"}
+OTHER_COMMANDS = {
+    "--head",
+    "--address",
+    "--force",
+    "--quick",
+    "--smoke",
+    "--results",
+    "--learning",
+    "--seeds",
+    "--help",
+    "--cleanrl",
+    "--leanrl",
+    "--reference-python",
+    "--logdir",
+    "--busy",
+}
 # "Flags every script has", but for these scripts, whose row names what they have instead.
 EXCEPT_IN = {"--num-envs": {"impala_ray.py"}}
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")
@@ -27,7 +41,9 @@ def help_flags(script):
 
 def code_flags(text):
     """Flags inside code: `inline` spans and fenced blocks."""
-    code = re.findall(r"```.*?```", text, flags=re.S) + re.findall(r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.S))
+    code = re.findall(r"```.*?```", text, flags=re.S) + re.findall(
+        r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.S)
+    )
     return {flag for span in code for flag in FLAG.findall(span)} - OTHER_COMMANDS
 
 
@@ -72,7 +88,7 @@ def test_each_row_of_the_scripts_table_names_its_own_flags():
 
 def test_the_flags_every_script_has_are_in_every_script():
     text = readme()
-    section = text[text.index("## Flags every script has"):]
+    section = text[text.index("## Flags every script has") :]
     table = section[: section.index("\n\n", section.index("| flag |"))]
     flags = code_flags(table)
     assert {"--compile", "--cudagraphs", "--save-model", "--eval-episodes"} <= flags

@@ -5,6 +5,7 @@ TD update against a plain reference, the scripts as a user runs them, and learni
 import copy
 import glob
 import json
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -13,30 +14,63 @@ import time
 from functools import partial
 from types import SimpleNamespace
 
-import multiprocessing as mp
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from conftest import SUMMARY_KEYS, assert_same_seed_same_numbers, load_script, run_script, start_script
 
 SCRIPT, ASYNC = "dqn.py", "dqn_atari_async.py"
 # CleanRL's dqn.py settings, dqn.py's defaults; dqn_atari_async.py's are CleanRL's dqn_atari.py's.
-CARTPOLE = ["--env-id", "CartPole-v1", "--learning-rate", 2.5e-4, "--buffer-size", 10_000, "--batch-size", 128,
-            "--train-frequency", 10, "--target-network-frequency", 500, "--end-e", 0.05, "--exploration-fraction", 0.5]
+CARTPOLE = [
+    "--env-id",
+    "CartPole-v1",
+    "--learning-rate",
+    2.5e-4,
+    "--buffer-size",
+    10_000,
+    "--batch-size",
+    128,
+    "--train-frequency",
+    10,
+    "--target-network-frequency",
+    500,
+    "--end-e",
+    0.05,
+    "--exploration-fraction",
+    0.5,
+]
 # CartPole: 1,000 steps, 500 of them before learning, one update per 10 steps (50 updates, 5 of them warm-up).
-TINY = ["--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000, "--measure-burnin", 5,
-        "--eval-episodes", 2]
+TINY = [
+    "--total-timesteps",
+    1000,
+    "--learning-starts",
+    500,
+    "--buffer-size",
+    1000,
+    "--measure-burnin",
+    5,
+    "--eval-episodes",
+    2,
+]
 # Without CUDA, cudagraphs runs the eager code and compile+cudagraphs the compiled one, each with one warning.
-MODES = {"eager": (SCRIPT, []), "compile": (SCRIPT, ["--compile"]), "cudagraphs": (SCRIPT, ["--cudagraphs"]),
-         "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]), "2-envs": (SCRIPT, ["--num-envs", 2]),
-         "async": (ASYNC, CARTPOLE), "async+compile": (ASYNC, [*CARTPOLE, "--compile"]),
-         "async+cudagraphs": (ASYNC, [*CARTPOLE, "--cudagraphs"]),
-         "async+compile+cudagraphs": (ASYNC, [*CARTPOLE, "--compile", "--cudagraphs"])}
+MODES = {
+    "eager": (SCRIPT, []),
+    "compile": (SCRIPT, ["--compile"]),
+    "cudagraphs": (SCRIPT, ["--cudagraphs"]),
+    "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]),
+    "2-envs": (SCRIPT, ["--num-envs", 2]),
+    "async": (ASYNC, CARTPOLE),
+    "async+compile": (ASYNC, [*CARTPOLE, "--compile"]),
+    "async+cudagraphs": (ASYNC, [*CARTPOLE, "--cudagraphs"]),
+    "async+compile+cudagraphs": (ASYNC, [*CARTPOLE, "--compile", "--cudagraphs"]),
+}
 
 
-def run_limiter(produce_pause, consume_pause, spi=4.0, min_size=50, error_buffer=40.0, inserts=600, per_insert=2,
-                per_sample=8):
+def run_limiter(
+    produce_pause, consume_pause, spi=4.0, min_size=50, error_buffer=40.0, inserts=600, per_insert=2, per_sample=8
+):
     """A producer thread inserting `per_insert` items at a time and a consumer thread sampling `per_sample` at a
     time, through the script's limiter; after every step, the invariants a run relies on are recorded."""
     limiter = load_script(ASYNC).RateLimiter(spi, min_size, error_buffer, mp.get_context("spawn"))
@@ -128,8 +162,14 @@ def test_the_learners_mirror_of_the_storage_samples_what_the_shared_one_holds():
     mirror, rng, step = rb.mirror(torch.device("cpu")), np.random.default_rng(0), 0
     for chunk in (60, 1, 5, 20, 27, 13, 2):
         for _ in range(chunk):
-            rb.add(step, rng.integers(0, 256, (2, 4, 3, 3), dtype=np.uint8), rng.integers(0, 4, 2),
-                   rng.random(2, dtype=np.float32), rng.random(2) < 0.1, rng.random(2) < 0.1)
+            rb.add(
+                step,
+                rng.integers(0, 256, (2, 4, 3, 3), dtype=np.uint8),
+                rng.integers(0, 4, 2),
+                rng.random(2, dtype=np.float32),
+                rng.random(2) < 0.1,
+                rng.random(2) < 0.1,
+            )
             step += 1
         mirror.catch_up(rb, step)
         assert all(torch.equal(getattr(mirror, name), getattr(rb, name)) for name in rb.columns)
@@ -156,9 +196,12 @@ def test_update_equals_a_plain_td_step():
         terminations = (torch.rand(16, generator=g) < 0.3).float()
         loss = update(obs, actions, rewards, next_obs, terminations)["td_loss"]
         # the reference: Q(s, a) regressed on r + 0.9 max_a' Q_target(s', a') for non-terminal s'
-        targets = [rewards[i] + (0.0 if terminations[i] else 0.9 * target_network(next_obs[i]).max()) for i in range(16)]
-        reference_loss = F.mse_loss(torch.stack([reference(obs[i])[actions[i]] for i in range(16)]),
-                                    torch.stack(targets).detach())
+        targets = [
+            rewards[i] + (0.0 if terminations[i] else 0.9 * target_network(next_obs[i]).max()) for i in range(16)
+        ]
+        reference_loss = F.mse_loss(
+            torch.stack([reference(obs[i])[actions[i]] for i in range(16)]), torch.stack(targets).detach()
+        )
         reference_optimizer.zero_grad()
         reference_loss.backward()
         reference_optimizer.step()
@@ -190,8 +233,18 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):
     """An update per step, a band as wide as the run and 8 envs: the actor plays all its steps while the learner
     still owes thousands of updates; it must do them, not mistake the actor's normal exit for a failure."""
-    args = ["--total-timesteps", 8000, "--num-envs", 8, "--train-frequency", 1, "--replay-tolerance", 10,
-            "--actor-sync-every", 1]
+    args = [
+        "--total-timesteps",
+        8000,
+        "--num-envs",
+        8,
+        "--train-frequency",
+        1,
+        "--replay-tolerance",
+        10,
+        "--actor-sync-every",
+        1,
+    ]
     summary, _ = run_script(ASYNC, CARTPOLE + TINY[2:] + args, workdir)
     assert summary["num_updates"] == 8000 - 500 and summary["replay_ratio_achieved"] == 128
 
@@ -200,21 +253,26 @@ def test_same_seed_gives_identical_runs(workdir):
     assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics", "return_mean"])
 
 
-@pytest.mark.parametrize("script, args, message", [
-    ("dqn.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
-    ("dqn.py", ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
-    ("dqn.py", ["--learning-starts", 10], "must be at least --batch-size"),
-    ("dqn_atari.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
-    ("dqn_atari.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
-    ("dqn_atari.py", ["--env-id", "Pendulum-v1"], "not an Atari game"),  # envpool has it, with continuous actions
-    ("dqn_atari_async.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
-    ("dqn_atari_async.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
-    ("dqn_atari_async.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
-])
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("dqn.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
+        ("dqn.py", ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
+        ("dqn.py", ["--learning-starts", 10], "must be at least --batch-size"),
+        ("dqn_atari.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+        ("dqn_atari.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
+        ("dqn_atari.py", ["--env-id", "Pendulum-v1"], "not an Atari game"),  # envpool has it, with continuous actions
+        ("dqn_atari_async.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
+        ("dqn_atari_async.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+        ("dqn_atari_async.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, workdir):
     _, proc = run_script(script, ["--total-timesteps", 1000] + args, workdir, check=False, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        proc.stderr
+    )
 
 
 def start_async_run(workdir, learning_starts=1000, until="playing"):
@@ -264,6 +322,7 @@ def test_a_dead_actor_stops_the_learner_with_a_clear_error(workdir):
 def test_a_killed_learner_leaves_no_actor_behind(until, workdir):
     """SIGKILL gives the learner no chance to stop its actor: the actor sees its parent gone at its next wait (each
     wait checks every second) and exits; also when the learner died while the actor was still importing."""
+
     def running(pid):  # a process that has exited but is not reaped yet (a zombie) does not count
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -312,7 +371,9 @@ def test_ctrl_c_while_the_learner_waits_for_learning_starts(workdir):
         if processes_in_group(proc.pid, wait=0.1):
             os.killpg(proc.pid, signal.SIGKILL)
     assert time.monotonic() - interrupted < 10
-    assert proc.returncode == 130 and stderr.strip().splitlines()[-1].startswith("stopped by SIGINT: the steps done are in")
+    assert proc.returncode == 130 and stderr.strip().splitlines()[-1].startswith(
+        "stopped by SIGINT: the steps done are in"
+    )
     assert processes_in_group(proc.pid) == []
 
 
@@ -330,8 +391,22 @@ def test_learns_cartpole_within_60k_steps(script, workdir):
     dqn_atari_async.py (Intel Xeon; the old flag's runs beside them: 500, 500, 362, 262)."""
     evaluations = []
     for seed in (2, 3, 4):
-        args = ["--total-timesteps", 60_000, "--learning-starts", 1000, "--exploration-fraction", 0.1,
-                "--train-frequency", 4, "--learning-rate", 1e-3, "--target-network-frequency", 200, "--seed", seed]
+        args = [
+            "--total-timesteps",
+            60_000,
+            "--learning-starts",
+            1000,
+            "--exploration-fraction",
+            0.1,
+            "--train-frequency",
+            4,
+            "--learning-rate",
+            1e-3,
+            "--target-network-frequency",
+            200,
+            "--seed",
+            seed,
+        ]
         summary, _ = run_script(script, (CARTPOLE if script == ASYNC else []) + args, workdir)
         assert summary["replay_ratio_achieved"] == pytest.approx(32.0, rel=0.01)
         assert len(summary["eval_returns"]) == 10
@@ -344,10 +419,17 @@ def test_learns_cartpole_within_60k_steps(script, workdir):
 def test_checkpoint_evaluates_to_the_reported_score(workdir):
     trained, _ = run_script(SCRIPT, TINY + ["--save-model", "--eval-episodes", 3], workdir)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
-    evaluated, _ = run_script(SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 3, "--load-model", checkpoint], workdir)
+    evaluated, _ = run_script(
+        SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 3, "--load-model", checkpoint], workdir
+    )
     assert evaluated["eval_returns"] == trained["eval_returns"] and evaluated["steps_done"] == 0
-    _, proc = run_script(SCRIPT, ["--env-id", "Acrobot-v1", "--total-timesteps", 0, "--load-model", checkpoint],
-                         workdir, check=False, timeout=120)
+    _, proc = run_script(
+        SCRIPT,
+        ["--env-id", "Acrobot-v1", "--total-timesteps", 0, "--load-model", checkpoint],
+        workdir,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "was trained on CartPole-v1" in proc.stderr
 
 

@@ -10,19 +10,37 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+
 from conftest import SUMMARY_KEYS, assert_checkpoint_round_trip, assert_same_seed_same_numbers, load_script, run_script
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
 SCRIPT, ASYNC = "dqn_atari.py", "dqn_atari_async.py"
 # 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
-TINY = ["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
-        "--measure-burnin", 5, "--eval-episodes", 1]
+TINY = [
+    "--total-timesteps",
+    400,
+    "--learning-starts",
+    200,
+    "--buffer-size",
+    400,
+    "--num-envs",
+    2,
+    "--measure-burnin",
+    5,
+    "--eval-episodes",
+    1,
+]
 # Without CUDA, compile+cudagraphs runs the compiled code with one warning. eager and cudagraphs run in
 # test_same_seed_gives_identical_runs. async+compile: the learner compiles while the actor plays eagerly; the start-up
 # must neither hang nor stall (the async script's other modes run on CartPole in tests/test_dqn.py).
-MODES = {"compile": (SCRIPT, ["--compile"]), "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]),
-         "gymnasium": (SCRIPT, ["--env-backend", "gymnasium"]), "async": (ASYNC, []), "async+compile": (ASYNC, ["--compile"])}
+MODES = {
+    "compile": (SCRIPT, ["--compile"]),
+    "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]),
+    "gymnasium": (SCRIPT, ["--env-backend", "gymnasium"]),
+    "async": (ASYNC, []),
+    "async+compile": (ASYNC, ["--compile"]),
+}
 
 
 class FakeAtari(gym.Env):
@@ -132,10 +150,18 @@ def test_frame_stack_repeats_the_first_frame_then_shifts():  # the script stacks
 STORAGES = {
     "envpool": (SCRIPT, "Breakout-v5", "envpool", lambda module: module.FrameReplay(600, 2, torch.device("cpu"))),
     "gymnasium": (SCRIPT, "Breakout-v5", "gymnasium", lambda module: module.FrameReplay(600, 2, torch.device("cpu"))),
-    "async-envpool": (ASYNC, "Breakout-v5", "envpool",
-                      lambda module: module.FrameReplay(600, 2, (4, 84, 84), torch.uint8, 10)),
-    "async-cartpole": (ASYNC, "CartPole-v1", "envpool",  # flat observations: a stack of one
-                       lambda module: module.FrameReplay(600, 2, (1, 4), torch.float32, 10)),
+    "async-envpool": (
+        ASYNC,
+        "Breakout-v5",
+        "envpool",
+        lambda module: module.FrameReplay(600, 2, (4, 84, 84), torch.uint8, 10),
+    ),
+    "async-cartpole": (
+        ASYNC,
+        "CartPole-v1",
+        "envpool",  # flat observations: a stack of one
+        lambda module: module.FrameReplay(600, 2, (1, 4), torch.float32, 10),
+    ),
 }
 
 
@@ -204,8 +230,9 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 def test_same_seed_gives_identical_runs(workdir):
     """Eager, then --cudagraphs, which without CUDA runs the same code eagerly: the same numbers."""
-    first, second = assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"],
-                                                  second_flags=["--cudagraphs"])
+    first, second = assert_same_seed_same_numbers(
+        SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
+    )
     check_summary(*first, "eager")
     check_summary(*second, "cudagraphs")
 
@@ -229,9 +256,26 @@ def test_learns_ms_pacman_above_a_random_policy(workdir):
     10,000, CleanRL's update every 4 steps and target copy every 1,000 steps, lr 2.5e-4. Seeds 1 and 2
     evaluated 532 and 554 (20 games at epsilon 0.05), a random policy 248. MsPacman's pellets reward every
     few steps; Breakout at this budget learned with seed 1 (3.8 against 1.0) but not with seed 2."""
-    args = ["--env-id", "MsPacman-v5", "--total-timesteps", 40_000, "--learning-starts", 4000, "--buffer-size", 40_000,
-            "--num-envs", 4, "--exploration-fraction", 0.25, "--learning-rate", 2.5e-4, "--eval-episodes", 20,
-            "--seed", 1]
+    args = [
+        "--env-id",
+        "MsPacman-v5",
+        "--total-timesteps",
+        40_000,
+        "--learning-starts",
+        4000,
+        "--buffer-size",
+        40_000,
+        "--num-envs",
+        4,
+        "--exploration-fraction",
+        0.25,
+        "--learning-rate",
+        2.5e-4,
+        "--eval-episodes",
+        20,
+        "--seed",
+        1,
+    ]
     summary, _ = run_script(SCRIPT, args, workdir)
     random_scores = random_policy_scores("MsPacman-v5", 30, seed=1)
     trained = np.array(summary["eval_returns"])

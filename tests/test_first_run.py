@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, SCRIPTS, run_script
 
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
@@ -27,8 +28,9 @@ def without(modules, tmp_path):
 
 
 def run(args, cwd, env=None):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.parametrize("script", NEEDS_EXTRA)
@@ -42,15 +44,18 @@ def test_help_works_without_the_extras_and_a_run_names_the_install(script, tmp_p
     proc = run([os.path.join(SCRIPTS, script), *run_args], tmp_path, without(hidden, tmp_path / "hidden"))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and install in lines[0], (
-        proc.stderr[-2000:])
+        proc.stderr[-2000:]
+    )
     assert not os.path.exists(tmp_path / "runs")
 
 
 def test_the_gymnasium_back_end_names_the_atari_extra(tmp_path):
-    proc = run([os.path.join(SCRIPTS, "dqn_atari.py"), "--env-backend", "gymnasium"], tmp_path,
-               without(["ale_py"], tmp_path))
+    proc = run(
+        [os.path.join(SCRIPTS, "dqn_atari.py"), "--env-backend", "gymnasium"], tmp_path, without(["ale_py"], tmp_path)
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        'error: the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"'), proc.stderr[-2000:]
+        'error: the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"'
+    ), proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -61,8 +66,9 @@ def test_a_mistyped_flag_exits_2_with_a_hint(script, tmp_path):
 
 
 def run_sh(*args, cwd=ROOT):
-    return subprocess.run(["bash", os.path.join(ROOT, "run.sh"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        ["bash", os.path.join(ROOT, "run.sh"), *args], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from conftest import run_script, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
@@ -17,30 +18,82 @@ BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--nu
 # learning-rate flag, and another script whose checkpoint it must refuse.
 OFF_POLICY = ["--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5, "--batch-size", 64]
 CASES = {
-    "sac_continuous_action.py": dict(base=PENDULUM, tiny=OFF_POLICY, diverge=["--policy-lr", 1e30, "--q-lr", 1e30],
-                                     lr="--q-lr", other="td3_continuous_action.py"),
-    "td3_continuous_action.py": dict(base=PENDULUM, tiny=OFF_POLICY, diverge=["--learning-rate", 1e30],
-                                     lr="--learning-rate", other="sac_continuous_action.py"),
-    "ppo_continuous_action.py": dict(base=PENDULUM, tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
-                                     diverge=["--learning-rate", 10], lr="--learning-rate", other="sac_continuous_action.py"),
-    "ppo_atari_envpool.py": dict(base=BREAKOUT, tiny=["--total-timesteps", 256, "--measure-burnin", 0],
-                                 diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_lstm.py"),
-    "ppo_atari_lstm.py": dict(base=BREAKOUT, tiny=["--total-timesteps", 256, "--measure-burnin", 0],
-                              diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_envpool.py"),
-    "dqn.py": dict(base=["--env-id", "CartPole-v1"], tiny=["--total-timesteps", 2000, "--learning-starts", 500],
-                   diverge=["--learning-rate", 1e30], lr="--learning-rate", other="sac_continuous_action.py"),
-    "dqn_atari.py": dict(base=["--env-id", "Breakout-v5"],
-                         tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400,
-                               "--train-frequency", 1, "--batch-size", 32],
-                         diverge=["--learning-rate", 1e30], lr="--learning-rate", other="ppo_atari_envpool.py"),
+    "sac_continuous_action.py": dict(
+        base=PENDULUM,
+        tiny=OFF_POLICY,
+        diverge=["--policy-lr", 1e30, "--q-lr", 1e30],
+        lr="--q-lr",
+        other="td3_continuous_action.py",
+    ),
+    "td3_continuous_action.py": dict(
+        base=PENDULUM,
+        tiny=OFF_POLICY,
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
+    "ppo_continuous_action.py": dict(
+        base=PENDULUM,
+        tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
+        diverge=["--learning-rate", 10],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
+    "ppo_atari_envpool.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_lstm.py",
+    ),
+    "ppo_atari_lstm.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_envpool.py",
+    ),
+    "dqn.py": dict(
+        base=["--env-id", "CartPole-v1"],
+        tiny=["--total-timesteps", 2000, "--learning-starts", 500],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
+    "dqn_atari.py": dict(
+        base=["--env-id", "Breakout-v5"],
+        tiny=[
+            "--total-timesteps",
+            400,
+            "--learning-starts",
+            200,
+            "--buffer-size",
+            400,
+            "--train-frequency",
+            1,
+            "--batch-size",
+            32,
+        ],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_envpool.py",
+    ),
     # on CartPole: its actor process and rate limiter are what this script adds; a dqn.py model is another network
-    "dqn_atari_async.py": dict(base=["--env-id", "CartPole-v1"], tiny=["--total-timesteps", 2000, "--learning-starts", 500,
-                                                                       "--buffer-size", 2000],
-                               diverge=["--learning-rate", 1e30], lr="--learning-rate", other="dqn.py"),
+    "dqn_atari_async.py": dict(
+        base=["--env-id", "CartPole-v1"],
+        tiny=["--total-timesteps", 2000, "--learning-starts", 500, "--buffer-size", 2000],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn.py",
+    ),
     # no --load-model: the Ray actors would have to start from the checkpoint too (see the README)
-    "impala_ray.py": dict(base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
-                          tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
-                          diverge=["--learning-rate", 1e30], lr="--learning-rate", other=None),
+    "impala_ray.py": dict(
+        base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
+        tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other=None,
+    ),
 }
 LONG = ["--total-timesteps", 10**7]  # a run that only a signal ends in the test's time
 
@@ -63,7 +116,16 @@ def error_lines(stderr):
 @pytest.mark.parametrize("script", CASES)
 def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, workdir):
     case = CASES[script]
-    args = [*case["base"], *case["tiny"], "--total-timesteps", 20_000, *case["diverge"], "--save-model", "--eval-episodes", 2]
+    args = [
+        *case["base"],
+        *case["tiny"],
+        "--total-timesteps",
+        20_000,
+        *case["diverge"],
+        "--save-model",
+        "--eval-episodes",
+        2,
+    ]
     _, proc = run_script(script, args, workdir, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]
     (line,) = error_lines(proc.stderr)
@@ -71,7 +133,7 @@ def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, 
     assert "Traceback" not in proc.stderr
     run_dir = only_run_dir(workdir)
     summary = strict_json(os.path.join(run_dir, "summary.json"))
-    assert summary["stopped"] == line[len("error: "):]
+    assert summary["stopped"] == line[len("error: ") :]
     assert summary["steps_done"] < 20_000 and summary["eval_returns"] == []
     assert not os.path.exists(os.path.join(run_dir, "model.pt"))  # a diverged model is not kept
     assert proc.stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
@@ -101,14 +163,17 @@ def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
     *_, human_line, speed_line = stdout.rstrip().splitlines()
     assert speed_line == "SPEED " + json.dumps(summary)
     assert human_line.startswith(f"{summary['steps_done']} steps, ") and human_line.endswith(
-        f"no evaluation; written to {os.path.relpath(run_dir, workdir)}"), human_line
+        f"no evaluation; written to {os.path.relpath(run_dir, workdir)}"
+    ), human_line
     checkpoint = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
     assert checkpoint["env_id"] == CASES[script]["base"][1]
 
 
 # impala_ray.py and dqn_atari_async.py write the same way, but the limit would stop Ray's own log files, or the
 # storage in shared memory (a file in /dev/shm), first
-@pytest.mark.parametrize("script", [script for script in CASES if script not in ("impala_ray.py", "dqn_atari_async.py")])
+@pytest.mark.parametrize(
+    "script", [script for script in CASES if script not in ("impala_ray.py", "dqn_atari_async.py")]
+)
 def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, workdir):
     args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 0]
     proc = start_script(script, args, workdir, file_size_limit=50_000)  # the summary and the events fit, a model not
@@ -125,17 +190,23 @@ def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, wo
 @pytest.mark.parametrize("script", [script for script, case in CASES.items() if case["other"]])
 def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
     other = CASES[script]["other"]
-    trained, _ = run_script(other, [*CASES[other]["base"], *CASES[other]["tiny"], "--save-model", "--eval-episodes", 0],
-                            workdir)
+    trained, _ = run_script(
+        other, [*CASES[other]["base"], *CASES[other]["tiny"], "--save-model", "--eval-episodes", 0], workdir
+    )
     with open(os.path.join(trained["run_dir"], "model.pt"), "rb") as f:
         checkpoint = f.read()
-    bad = {"empty.pt": b"", "text.pt": b"not a checkpoint\n", "truncated.pt": checkpoint[: len(checkpoint) // 2],
-           "other_script.pt": checkpoint}
+    bad = {
+        "empty.pt": b"",
+        "text.pt": b"not a checkpoint\n",
+        "truncated.pt": checkpoint[: len(checkpoint) // 2],
+        "other_script.pt": checkpoint,
+    }
     for name, content in bad.items():
         with open(os.path.join(workdir, name), "wb") as f:
             f.write(content)
-        _, proc = run_script(script, [*CASES[script]["base"], "--total-timesteps", 0, "--load-model", name], workdir,
-                             check=False)
+        _, proc = run_script(
+            script, [*CASES[script]["base"], "--total-timesteps", 0, "--load-model", name], workdir, check=False
+        )
         assert proc.returncode == 2, (name, proc.stderr[-2000:])
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert lines == [lines[0]] and lines[0].startswith(f"error: --load-model: {name} "), proc.stderr[-2000:]
@@ -179,11 +250,15 @@ def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
     if script.startswith("ppo"):
         bad.append((["--total-timesteps", 100], "less than one rollout"))
     elif script != "impala_ray.py":
-        bad += [(["--buffer-size", 10, "--batch-size", 64], "must hold at least one batch"),
-                (["--buffer-size", 10**11], "--buffer-size needs")]
+        bad += [
+            (["--buffer-size", 10, "--batch-size", 64], "must hold at least one batch"),
+            (["--buffer-size", 10**11], "--buffer-size needs"),
+        ]
     for args, message in bad:
         _, proc = run_script(script, [*case["base"], *args], workdir, check=False, timeout=120)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
-            args, proc.stderr[-2000:])
+            args,
+            proc.stderr[-2000:],
+        )
         assert not os.path.exists(os.path.join(workdir, "runs"))

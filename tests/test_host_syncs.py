@@ -7,27 +7,77 @@ import json
 import os
 
 import pytest
+
 from conftest import ROOT, SCRIPTS, run_script
 
 PROBE = os.path.join(ROOT, "tests", "host_sync_probe.py")
 ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
 CASES = {
-    "sac_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200,
-                                  "--batch-size", 32], {"policy", "update_critic", "update_actor"}),
-    "td3_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200,
-                                  "--batch-size", 32], {"policy", "update_critic", "update_actor"}),
-    "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", "--total-timesteps", 128, "--num-steps", 64,
-                                  "--num-minibatches", 2, "--update-epochs", 1], {"policy", "gae", "update"}),
+    "sac_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
+        {"policy", "update_critic", "update_actor"},
+    ),
+    "td3_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
+        {"policy", "update_critic", "update_actor"},
+    ),
+    "ppo_continuous_action.py": (
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            128,
+            "--num-steps",
+            64,
+            "--num-minibatches",
+            2,
+            "--update-epochs",
+            1,
+        ],
+        {"policy", "gae", "update"},
+    ),
     "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "update"}),
     "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "update"}),
     "dqn.py": (["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000], {"policy", "update"}),
-    "dqn_atari.py": (["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2,
-                      "--start-e", 0.5], {"policy", "update"}),
+    "dqn_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2, "--start-e", 0.5],
+        {"policy", "update"},
+    ),
     # the learner compiles its update only: the actor process acts eagerly
-    "dqn_atari_async.py": (["--env-id", "CartPole-v1", "--total-timesteps", 700, "--learning-starts", 500,
-                            "--buffer-size", 1000, "--batch-size", 64], {"update"}),
-    "impala_ray.py": (["--env-id", "CartPole-v1", "--total-timesteps", 640, "--num-actors", 1, "--envs-per-actor", 4,
-                       "--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5], {"update"}),
+    "dqn_atari_async.py": (
+        [
+            "--env-id",
+            "CartPole-v1",
+            "--total-timesteps",
+            700,
+            "--learning-starts",
+            500,
+            "--buffer-size",
+            1000,
+            "--batch-size",
+            64,
+        ],
+        {"update"},
+    ),
+    "impala_ray.py": (
+        [
+            "--env-id",
+            "CartPole-v1",
+            "--total-timesteps",
+            640,
+            "--num-actors",
+            1,
+            "--envs-per-actor",
+            4,
+            "--batch-size",
+            8,
+            "--unroll-length",
+            8,
+            "--replay-ratio",
+            0.5,
+        ],
+        {"update"},
+    ),
 }
 
 
@@ -36,8 +86,14 @@ def test_compiled_pieces_make_no_host_sync(script, tmp_path):
     flags, pieces = CASES[script]
     log = tmp_path / "syncs.json"
     env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
-    _, proc = run_script(PROBE, [os.path.join(SCRIPTS, script), *flags, "--compile", "--eval-episodes", 0], tmp_path,
-                         check=False, timeout=600, env=env)
+    _, proc = run_script(
+        PROBE,
+        [os.path.join(SCRIPTS, script), *flags, "--compile", "--eval-episodes", 0],
+        tmp_path,
+        check=False,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = json.loads(log.read_text())
     assert set(calls) == pieces  # every piece ran under the probe, compiled or left eager on this CPU
@@ -54,7 +110,8 @@ def test_the_probe_finds_host_syncs(tmp_path):
         "    if x.max() > 0:\n"
         "        x = x.cpu()\n"
         "    return x[x > 0], total\n"
-        "torch.compile(update)(torch.arange(-2.0, 3.0))\n")
+        "torch.compile(update)(torch.arange(-2.0, 3.0))\n"
+    )
     log = tmp_path / "syncs.json"
     assert run_script(PROBE, [piece], tmp_path, check=False, env={"HOST_SYNC_LOG": str(log)})[1].returncode == 0
     found = [call.split(" at ")[0] for call in json.loads(log.read_text())["update"]]
@@ -71,7 +128,8 @@ def test_the_probe_also_watches_the_pieces_a_script_leaves_eager(tmp_path):
         "def update(x):\n"
         "    return x.cpu()\n"
         "policy(torch.ones(3))\n"
-        "torch.compile(update)(torch.ones(3))\n")
+        "torch.compile(update)(torch.ones(3))\n"
+    )
     log = tmp_path / "syncs.json"
     env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": "policy,update"}
     assert run_script(PROBE, [piece], tmp_path, check=False, env=env)[1].returncode == 0

@@ -12,15 +12,43 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from conftest import (SUMMARY_KEYS, assert_same_loss_and_gradients, done_patterns, load_script,
-                      loss_and_gradients, run_script, start_script)
+
+from conftest import (
+    SUMMARY_KEYS,
+    assert_same_loss_and_gradients,
+    done_patterns,
+    load_script,
+    loss_and_gradients,
+    run_script,
+    start_script,
+)
 
 SCRIPT = "impala_ray.py"
-IMPALA_KEYS = {"learner_updates_per_second", "actor_sps", "policy_lag_mean", "policy_lag_max", "actor_restarts",
-               "unrolls_lost", "num_actors", "envs_per_actor", "replay_ratio", "learner_wait_seconds"}
+IMPALA_KEYS = {
+    "learner_updates_per_second",
+    "actor_sps",
+    "policy_lag_mean",
+    "policy_lag_max",
+    "actor_restarts",
+    "unrolls_lost",
+    "num_actors",
+    "envs_per_actor",
+    "replay_ratio",
+    "learner_wait_seconds",
+}
 # CartPole: 2 actors x 4 envs, unrolls of 20 steps, 16 unrolls (four actor calls, 320 steps) per update.
-CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16,
-            "--learning-rate", 3e-4]
+CARTPOLE = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-actors",
+    2,
+    "--envs-per-actor",
+    4,
+    "--batch-size",
+    16,
+    "--learning-rate",
+    3e-4,
+]
 
 
 def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, rho_clip, pg_rho_clip, c_clip):
@@ -46,7 +74,9 @@ def random_unroll(T, B, seed):
 
 
 @pytest.mark.parametrize("batch", [1, 5])
-@pytest.mark.parametrize("clips", [(3.7, 2.2, 1.0), (1.0, 1.0, 1.0), (3.7, 2.2, 1.6)], ids=["rho3.7-pg2.2", "defaults", "c1.6"])
+@pytest.mark.parametrize(
+    "clips", [(3.7, 2.2, 1.0), (1.0, 1.0, 1.0), (3.7, 2.2, 1.6)], ids=["rho3.7-pg2.2", "defaults", "c1.6"]
+)
 def test_vtrace_equals_the_papers_sum(batch, clips):
     rho_clip, pg_rho_clip, c_clip = clips
     inputs = random_unroll(13, batch, seed=batch)  # 13: the scan's last round covers a partial span
@@ -54,8 +84,12 @@ def test_vtrace_equals_the_papers_sum(batch, clips):
     assert (np.exp(log_rhos) > rho_clip).any() and (np.exp(log_rhos) < 1).any()  # the clips are active
     assert (inputs[1] == 0).any()
     expected_vs, expected_pg = vtrace_reference(*inputs, rho_clip, pg_rho_clip, c_clip)
-    vs, pg = load_script(SCRIPT).vtrace(*(torch.tensor(x, dtype=torch.float32) for x in inputs), rho_clip=rho_clip,
-                                        pg_rho_clip=pg_rho_clip, c_clip=c_clip)
+    vs, pg = load_script(SCRIPT).vtrace(
+        *(torch.tensor(x, dtype=torch.float32) for x in inputs),
+        rho_clip=rho_clip,
+        pg_rho_clip=pg_rho_clip,
+        c_clip=c_clip,
+    )
     np.testing.assert_allclose(vs.numpy(), expected_vs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(pg.numpy(), expected_pg, rtol=1e-5, atol=1e-5)
 
@@ -65,8 +99,10 @@ def test_vtrace_on_policy_is_the_bootstrapped_return():
     returns, next_return = np.zeros_like(rewards), bootstrap_value
     for t in reversed(range(16)):
         returns[t] = next_return = rewards[t] + discounts[t] * next_return
-    vs, pg = load_script(SCRIPT).vtrace(torch.zeros(16, 3), *(torch.tensor(x, dtype=torch.float32) for x in
-                                                              (discounts, rewards, values, bootstrap_value)))
+    vs, pg = load_script(SCRIPT).vtrace(
+        torch.zeros(16, 3),
+        *(torch.tensor(x, dtype=torch.float32) for x in (discounts, rewards, values, bootstrap_value)),
+    )
     np.testing.assert_allclose(vs.numpy(), returns, rtol=1e-5, atol=1e-5)
     next_returns = np.concatenate([returns[1:], bootstrap_value[None]])
     np.testing.assert_allclose(pg.numpy(), rewards + discounts * next_returns - values, rtol=1e-5, atol=1e-5)
@@ -113,16 +149,26 @@ def test_padded_core_equals_the_actors_step_by_step_loop(pattern, pixels):
     torch.manual_seed(3)
     obs_shape, (T, B) = ((4, 84, 84) if pixels else (6,)), (9, 3)
     agent = module.Agent(obs_shape, 3, lstm=True)
-    obs = (torch.randint(0, 256, (T + 1, B, *obs_shape), dtype=torch.uint8, generator=g) if pixels
-           else torch.randn(T + 1, B, *obs_shape, generator=g))
+    obs = (
+        torch.randint(0, 256, (T + 1, B, *obs_shape), dtype=torch.uint8, generator=g)
+        if pixels
+        else torch.randn(T + 1, B, *obs_shape, generator=g)
+    )
     dones = done_patterns(T, B, g)[pattern]
     state = tuple(torch.randn(1, B, agent.lstm_size, generator=g) for _ in range(2))
     layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
     with torch.no_grad():
-        torch.testing.assert_close(agent.replay(obs, state, layout), step_by_step(agent, obs, state, dones),
-                                   atol=1e-5, rtol=1e-5)
-    unrolls = module.Unrolls(obs, torch.randint(0, 3, (T, B), generator=g), torch.randn(T, B, 3, generator=g),
-                             torch.randn(T, B, generator=g), dones, *state)
+        torch.testing.assert_close(
+            agent.replay(obs, state, layout), step_by_step(agent, obs, state, dones), atol=1e-5, rtol=1e-5
+        )
+    unrolls = module.Unrolls(
+        obs,
+        torch.randint(0, 3, (T, B), generator=g),
+        torch.randn(T, B, 3, generator=g),
+        torch.randn(T, B, generator=g),
+        dones,
+        *state,
+    )
     loss_fn = partial(module.impala_loss, agent=agent, args=module.Args(replay_ratio=0.5))
     padded = loss_and_gradients(loss_fn, agent, unrolls, layout)
     agent.replay = lambda obs, state, layout: step_by_step(agent, obs, state, dones)
@@ -150,20 +196,99 @@ def check_summary(summary, fresh_per_update):
     assert all(np.isfinite(value) for value in summary["final_metrics"].values())
 
 
-@pytest.mark.parametrize("mode, args, fresh_per_update", [
-    ("compile", CARTPOLE + ["--compile", "--total-timesteps", 3200], 16 * 20),
-    ("compile+cudagraphs", CARTPOLE + ["--compile", "--cudagraphs", "--total-timesteps", 3200], 16 * 20),
-    ("cudagraphs", CARTPOLE + ["--cudagraphs", "--total-timesteps", 3200, "--replay-ratio", 0.5, "--batch-size", 16,
-                               "--replay-size", 24], 8 * 20),
-    ("eager", ["--env-id", "Breakout-v5", "--resnet", "--num-actors", 2, "--envs-per-actor", 2, "--batch-size", 8,
-               "--unroll-length", 8, "--replay-ratio", 0.5, "--total-timesteps", 640], 4 * 8),
-    ("compile", CARTPOLE + ["--compile", "--lstm", "--hide-obs", 1, 3, "--total-timesteps", 3200], 16 * 20),
-    ("cudagraphs", CARTPOLE + ["--cudagraphs", "--lstm", "--total-timesteps", 3200, "--replay-ratio", 0.5,
-                               "--batch-size", 16, "--replay-size", 24], 8 * 20),
-    ("eager", ["--env-id", "Breakout-v5", "--resnet", "--lstm", "--num-actors", 2, "--envs-per-actor", 2,
-               "--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5, "--total-timesteps", 640], 4 * 8),
-], ids=["compile-cartpole", "compile+cudagraphs-cartpole", "cudagraphs-cartpole-replay", "atari-resnet-replay", "compile-cartpole-lstm",
-        "cudagraphs-cartpole-replay-lstm", "atari-resnet-lstm-replay"])
+@pytest.mark.parametrize(
+    "mode, args, fresh_per_update",
+    [
+        ("compile", CARTPOLE + ["--compile", "--total-timesteps", 3200], 16 * 20),
+        ("compile+cudagraphs", CARTPOLE + ["--compile", "--cudagraphs", "--total-timesteps", 3200], 16 * 20),
+        (
+            "cudagraphs",
+            CARTPOLE
+            + [
+                "--cudagraphs",
+                "--total-timesteps",
+                3200,
+                "--replay-ratio",
+                0.5,
+                "--batch-size",
+                16,
+                "--replay-size",
+                24,
+            ],
+            8 * 20,
+        ),
+        (
+            "eager",
+            [
+                "--env-id",
+                "Breakout-v5",
+                "--resnet",
+                "--num-actors",
+                2,
+                "--envs-per-actor",
+                2,
+                "--batch-size",
+                8,
+                "--unroll-length",
+                8,
+                "--replay-ratio",
+                0.5,
+                "--total-timesteps",
+                640,
+            ],
+            4 * 8,
+        ),
+        ("compile", CARTPOLE + ["--compile", "--lstm", "--hide-obs", 1, 3, "--total-timesteps", 3200], 16 * 20),
+        (
+            "cudagraphs",
+            CARTPOLE
+            + [
+                "--cudagraphs",
+                "--lstm",
+                "--total-timesteps",
+                3200,
+                "--replay-ratio",
+                0.5,
+                "--batch-size",
+                16,
+                "--replay-size",
+                24,
+            ],
+            8 * 20,
+        ),
+        (
+            "eager",
+            [
+                "--env-id",
+                "Breakout-v5",
+                "--resnet",
+                "--lstm",
+                "--num-actors",
+                2,
+                "--envs-per-actor",
+                2,
+                "--batch-size",
+                8,
+                "--unroll-length",
+                8,
+                "--replay-ratio",
+                0.5,
+                "--total-timesteps",
+                640,
+            ],
+            4 * 8,
+        ),
+    ],
+    ids=[
+        "compile-cartpole",
+        "compile+cudagraphs-cartpole",
+        "cudagraphs-cartpole-replay",
+        "atari-resnet-replay",
+        "compile-cartpole-lstm",
+        "cudagraphs-cartpole-replay-lstm",
+        "atari-resnet-lstm-replay",
+    ],
+)
 def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir):
     summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir)
     check_summary(summary, fresh_per_update)
@@ -184,7 +309,9 @@ def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     deadline, victim = time.time() + 120, None
     while victim is None and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
-        pids = set(subprocess.run(["pgrep", "-f", "ray::UnrollActor.unroll"], capture_output=True, text=True).stdout.split())
+        pids = set(
+            subprocess.run(["pgrep", "-f", "ray::UnrollActor.unroll"], capture_output=True, text=True).stdout.split()
+        )
         if pids - before:
             time.sleep(2)  # a few updates in
             victim = int(min(pids - before))
@@ -192,7 +319,7 @@ def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     stdout, stderr = proc.communicate(timeout=300)
     assert victim is not None, f"no actor process was seen: {stderr[-2000:]}"
     assert proc.returncode == 0, stderr[-3000:]
-    summary = json.loads(stdout.strip().splitlines()[-1][len("SPEED "):])
+    summary = json.loads(stdout.strip().splitlines()[-1][len("SPEED ") :])
     assert summary["actor_restarts"] == 1 and summary["unrolls_lost"] >= 4, (summary, stderr[-2000:])
     assert summary["num_updates"] == -(-120_000 // 320) and summary["steady_steps"] > 0
     assert stderr.count("died; Ray restarts it") == 1
@@ -230,25 +357,38 @@ def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
         while any(map(running, ray_processes)) and time.time() < deadline:
             time.sleep(0.5)
         left = [pid for pid in ray_processes if running(pid)]
-        assert not left, subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(map(str, left))],
-                                        capture_output=True, text=True).stdout
+        assert not left, subprocess.run(
+            ["ps", "-o", "pid,args", "-p", ",".join(map(str, left))], capture_output=True, text=True
+        ).stdout
     finally:
         proc.kill()
         for pid in filter(running, ray_processes):
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env-id", "NoSuchGame-v5"], "unknown env id 'NoSuchGame-v5'"),
-    (["--env-id", "Pendulum-v1"], "needs discrete actions"),
-    (["--env-id", "CartPole-v1", "--resnet"], "--resnet is for Atari images"),
-    (["--env-id", "Breakout-v5", "--hide-obs", 1], "--hide-obs is for flat observations"),
-    (["--env-id", "CartPole-v1", "--hide-obs", 1, 4], "--hide-obs 4: CartPole-v1's observations have entries 0 to 3"),
-    (["--env-id", "CartPole-v1", "--replay-ratio", 1.0], "--replay-ratio 1.0 must be in [0, 1)"),
-    (["--env-id", "CartPole-v1", "--batch-size", 12, "--envs-per-actor", 8], "must be a multiple of --envs-per-actor 8"),
-    (["--env-id", "CartPole-v1", "--num-actors", 0], "--num-actors must be positive"),
-    (["--env-id", "CartPole-v1", "--ray-address", "127.0.0.1:9"], "cannot reach a Ray cluster at --ray-address 127.0.0.1:9"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchGame-v5"], "unknown env id 'NoSuchGame-v5'"),
+        (["--env-id", "Pendulum-v1"], "needs discrete actions"),
+        (["--env-id", "CartPole-v1", "--resnet"], "--resnet is for Atari images"),
+        (["--env-id", "Breakout-v5", "--hide-obs", 1], "--hide-obs is for flat observations"),
+        (
+            ["--env-id", "CartPole-v1", "--hide-obs", 1, 4],
+            "--hide-obs 4: CartPole-v1's observations have entries 0 to 3",
+        ),
+        (["--env-id", "CartPole-v1", "--replay-ratio", 1.0], "--replay-ratio 1.0 must be in [0, 1)"),
+        (
+            ["--env-id", "CartPole-v1", "--batch-size", 12, "--envs-per-actor", 8],
+            "must be a multiple of --envs-per-actor 8",
+        ),
+        (["--env-id", "CartPole-v1", "--num-actors", 0], "--num-actors must be positive"),
+        (
+            ["--env-id", "CartPole-v1", "--ray-address", "127.0.0.1:9"],
+            "cannot reach a Ray cluster at --ray-address 127.0.0.1:9",
+        ),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
     start = time.time()
     _, proc = run_script(SCRIPT, args, workdir, check=False, timeout=120)
@@ -268,8 +408,11 @@ def test_learns_cartpole_with_two_actors(replay, workdir):
     32 + 8 in 1M, 2 in 12 (358, 380); with 32 + 8 in 1.5M, none in 6 (426-500). Those were measured before the
     rewards were scaled (--norm-reward, c4cbba2); since, both passed on their first seed."""
     # a fifth of each batch replayed, in a batch twice the size of the one without replay
-    setting = ["--replay-ratio", 0.2, "--batch-size", 40, "--total-timesteps", 1_500_000] if replay else [
-        "--total-timesteps", 1_000_000]
+    setting = (
+        ["--replay-ratio", 0.2, "--batch-size", 40, "--total-timesteps", 1_500_000]
+        if replay
+        else ["--total-timesteps", 1_000_000]
+    )
     evaluations = []
     for seed in (2, 3):
         args = CARTPOLE + setting + ["--eval-episodes", 20, "--seed", seed]

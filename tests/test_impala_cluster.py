@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+
 from conftest import SCRIPTS, start_script
 
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -19,8 +20,18 @@ pytestmark = pytest.mark.slow  # a two-node cluster starts for each test: 25-160
 
 SCRIPT = os.path.join(SCRIPTS, "impala_ray.py")
 # 4 actors x 4 envs on CartPole, 16 unrolls (one call from each actor) per update
-ARGS = ["--env-id", "CartPole-v1", "--num-actors", "4", "--envs-per-actor", "4", "--batch-size", "16",
-        "--eval-episodes", "0"]
+ARGS = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-actors",
+    "4",
+    "--envs-per-actor",
+    "4",
+    "--batch-size",
+    "16",
+    "--eval-episodes",
+    "0",
+]
 
 
 @pytest.fixture
@@ -30,8 +41,10 @@ def cluster():
     restarted, about 15 s after it stops), so that restarts come within a short run."""
     health_checks = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
     agents_before = ray_agents()
-    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 4, "include_dashboard": False, "_system_config": health_checks})
+    cluster = cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "include_dashboard": False, "_system_config": health_checks},
+    )
     cluster.add_node(num_cpus=2)
     yield cluster
     cluster.shutdown()
@@ -40,8 +53,11 @@ def cluster():
 
 
 def ray_agents():
-    return set(subprocess.run(["pgrep", "-f", "ray::DashboardAgent|ray::RuntimeEnvAgent"], capture_output=True,
-                              text=True).stdout.split())
+    return set(
+        subprocess.run(
+            ["pgrep", "-f", "ray::DashboardAgent|ray::RuntimeEnvAgent"], capture_output=True, text=True
+        ).stdout.split()
+    )
 
 
 def actor_processes():
@@ -49,7 +65,9 @@ def actor_processes():
 
 
 def start_run(cluster, total_timesteps, workdir):
-    return start_script(SCRIPT, [*ARGS, "--total-timesteps", total_timesteps, "--ray-address", cluster.address], workdir)
+    return start_script(
+        SCRIPT, [*ARGS, "--total-timesteps", total_timesteps, "--ray-address", cluster.address], workdir
+    )
 
 
 def wait_for_actors(proc, before, count=4, timeout=120):
@@ -62,7 +80,7 @@ def wait_for_actors(proc, before, count=4, timeout=120):
 
 
 def summary_of(stdout):
-    return json.loads(stdout.strip().splitlines()[-1][len("SPEED "):])
+    return json.loads(stdout.strip().splitlines()[-1][len("SPEED ") :])
 
 
 def head_node_name(summary, other_nodes):

@@ -21,7 +21,15 @@ def test_pyproject_extras_match_the_requirements_files():
     extras = project["optional-dependencies"]
     for extra in ("mujoco", "atari", "envpool", "ray", "video", "wandb", "dev"):
         assert sorted(extras[extra]) == requirements(f"requirements-{extra}.txt"), extra
-    assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {"mujoco", "atari", "envpool", "ray", "video", "wandb", "dev"}
+    assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {
+        "mujoco",
+        "atari",
+        "envpool",
+        "ray",
+        "video",
+        "wandb",
+        "dev",
+    }
     for requirement in sum((extras[e] for e in extras if e != "all"), project["dependencies"]):
         assert ">=" in requirement and "==" not in requirement  # lower bounds, no exact pins
 
@@ -29,11 +37,21 @@ def test_pyproject_extras_match_the_requirements_files():
 def test_the_gpu_machines_packages_meet_the_requirements():
     """The H100 machine has torch 2.11 (CUDA 13) and no package index; ../shared/gpu/pack.sh brings the rest at these
     versions. Requirements that they meet install nothing over them: no multi-GB torch download on a GPU machine."""
-    ran_there = {"torch": "2.11.0", "tensordict": "0.15.3", "tyro": "1.0.17", "gymnasium": "1.4.0", "mujoco": "4.0.0",
-                 "envpool": "1.2.7"}
+    ran_there = {
+        "torch": "2.11.0",
+        "tensordict": "0.15.3",
+        "tyro": "1.0.17",
+        "gymnasium": "1.4.0",
+        "mujoco": "4.0.0",
+        "envpool": "1.2.7",
+    }
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    requirements = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["mujoco"]
-                    + project["optional-dependencies"]["envpool"]]
+    requirements = [
+        Requirement(r)
+        for r in project["dependencies"]
+        + project["optional-dependencies"]["mujoco"]
+        + project["optional-dependencies"]["envpool"]
+    ]
     checked = {r.name: r.specifier.contains(ran_there[r.name]) for r in requirements if r.name in ran_there}
     assert checked == dict.fromkeys(ran_there, True)

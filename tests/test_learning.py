@@ -1,6 +1,7 @@
 """SAC and TD3 learn: Pendulum-v1 within 15,000 steps, a fixed seed (a random policy scores about -1200)."""
 
 import pytest
+
 from conftest import run_script
 
 
@@ -8,7 +9,21 @@ from conftest import run_script
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 def test_learns_pendulum_within_15k_steps(script, workdir):
     # 5,000 random steps (TD3's 25,000 default would leave no budget), then 10,000 updates.
-    summary, _ = run_script(script, ["--env-id", "Pendulum-v1", "--total-timesteps", 15_000, "--learning-starts", 5_000,
-                                     "--eval-episodes", 10, "--seed", 1], workdir)
+    summary, _ = run_script(
+        script,
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            15_000,
+            "--learning-starts",
+            5_000,
+            "--eval-episodes",
+            10,
+            "--seed",
+            1,
+        ],
+        workdir,
+    )
     assert len(summary["eval_returns"]) == 10
     assert summary["eval_return_mean"] > -300, summary["eval_returns"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 import torch.nn as nn
+
 from conftest import load_script
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
@@ -105,22 +106,47 @@ def build(script, flags=(False, False), seed=0):
     target_qnet = copy.deepcopy(qnet).requires_grad_(False)
     qnet_view = module.detached_view(qnet, module.QEnsemble(OBS_DIM, ACT_DIM).to("meta"))
     adam = partial(torch.optim.Adam, fused=True)
-    q_optimizer, actor_optimizer = adam(qnet.parameters(), lr=torch.tensor(1e-3)), adam(actor.parameters(), lr=torch.tensor(1e-3))
+    q_optimizer, actor_optimizer = (
+        adam(qnet.parameters(), lr=torch.tensor(1e-3)),
+        adam(actor.parameters(), lr=torch.tensor(1e-3)),
+    )
     nets = dict(actor=actor, qnet=qnet, target_qnet=target_qnet)
     if script.startswith("sac"):
         log_alpha = torch.tensor(math.log(0.2), requires_grad=True)
         alpha = log_alpha.detach().exp()
         alpha_optimizer = adam([log_alpha], lr=torch.tensor(1e-3))
-        critic = partial(module.update_critic, actor=actor, qnet=qnet, target_qnet=target_qnet,
-                         q_optimizer=q_optimizer, alpha=alpha, gamma=0.99)
-        actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer,
-                             alpha=alpha, log_alpha=log_alpha, alpha_optimizer=alpha_optimizer,
-                             target_entropy=-float(ACT_DIM))
+        critic = partial(
+            module.update_critic,
+            actor=actor,
+            qnet=qnet,
+            target_qnet=target_qnet,
+            q_optimizer=q_optimizer,
+            alpha=alpha,
+            gamma=0.99,
+        )
+        actor_step = partial(
+            module.update_actor,
+            actor=actor,
+            qnet_view=qnet_view,
+            actor_optimizer=actor_optimizer,
+            alpha=alpha,
+            log_alpha=log_alpha,
+            alpha_optimizer=alpha_optimizer,
+            target_entropy=-float(ACT_DIM),
+        )
         nets.update(alpha=alpha, log_alpha=log_alpha)
     else:
         target_actor = copy.deepcopy(actor).requires_grad_(False)
-        critic = partial(module.update_critic, target_actor=target_actor, qnet=qnet, target_qnet=target_qnet,
-                         q_optimizer=q_optimizer, gamma=0.99, policy_noise=0.2, noise_clip=0.5)
+        critic = partial(
+            module.update_critic,
+            target_actor=target_actor,
+            qnet=qnet,
+            target_qnet=target_qnet,
+            q_optimizer=q_optimizer,
+            gamma=0.99,
+            policy_noise=0.2,
+            noise_clip=0.5,
+        )
         actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
         nets.update(target_actor=target_actor)
     return nets, module.speed_up(critic, *flags), module.speed_up(actor_step, *flags)
@@ -141,7 +167,9 @@ def test_critic_update_equals_a_plain_reference(script):
             soft_value = soft_value - nets["alpha"] * next_log_prob
         else:
             noise = (torch.randn(BATCH, ACT_DIM) * 0.2).clamp(-0.5, 0.5) * actor.action_scale
-            next_actions = torch.max(torch.min(actor(next_obs) + noise, torch.tensor(SPACE.high)), torch.tensor(SPACE.low))
+            next_actions = torch.max(
+                torch.min(actor(next_obs) + noise, torch.tensor(SPACE.high)), torch.tensor(SPACE.low)
+            )
             soft_value = torch.minimum(*[t(torch.cat([next_obs, next_actions], -1)) for t in targets]).squeeze(-1)
         target = rewards + 0.99 * (1 - terminations) * soft_value
     loss = sum(nn.functional.mse_loss(c(torch.cat([obs, actions], -1)).squeeze(-1), target) for c in critics)
@@ -206,8 +234,8 @@ def test_truncated_steps_store_the_final_observation_not_the_reset_one(script):
     assert truncations.all() and not terminations.any()
     # Pendulum observes (cos, sin, angular velocity): the final observation continues the trajectory
     # (|velocity| <= 8, dt = 0.05), the reset one starts a new episode anywhere.
-    angle_step = lambda a, b: np.abs(np.angle(np.exp(1j * (np.arctan2(b[:, 1], b[:, 0]) - np.arctan2(a[:, 1], a[:, 0])))))
-    assert (angle_step(obs_before, stored) <= 8 * 0.05 + 1e-6).all()
+    turned = np.arctan2(stored[:, 1], stored[:, 0]) - np.arctan2(obs_before[:, 1], obs_before[:, 0])
+    assert (np.abs(np.angle(np.exp(1j * turned))) <= 8 * 0.05 + 1e-6).all()
     np.testing.assert_array_equal(stored, np.stack(infos["final_obs"]))
     assert not np.allclose(stored, next_obs)
     envs.close()

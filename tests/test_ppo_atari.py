@@ -16,17 +16,42 @@ import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-from conftest import (SCRIPTS, SUMMARY_KEYS, assert_gae_equals_the_reverse_loop, assert_same_seed_same_numbers,
-                      load_script, reference_gae, run_script)
+
+from conftest import (
+    SCRIPTS,
+    SUMMARY_KEYS,
+    assert_gae_equals_the_reverse_loop,
+    assert_same_seed_same_numbers,
+    load_script,
+    reference_gae,
+    run_script,
+)
 
 envpool = pytest.importorskip("envpool")
 
 SCRIPT = "ppo_atari_envpool.py"
 # 2 iterations of 4 envs x 32 steps on Breakout, 2 epochs of 2 minibatches each.
-TINY = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2,
-        "--update-epochs", 2, "--eval-episodes", 2]
-MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-         "compile+cudagraphs": ["--compile", "--cudagraphs"], "envpool-async": ["--envpool-async"]}
+TINY = [
+    "--total-timesteps",
+    256,
+    "--num-envs",
+    4,
+    "--num-steps",
+    32,
+    "--num-minibatches",
+    2,
+    "--update-epochs",
+    2,
+    "--eval-episodes",
+    2,
+]
+MODES = {
+    "eager": [],
+    "compile": ["--compile"],
+    "cudagraphs": ["--cudagraphs"],
+    "compile+cudagraphs": ["--compile", "--cudagraphs"],
+    "envpool-async": ["--envpool-async"],
+}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -64,6 +89,7 @@ class TranscribedAtari:
     """envpool's Atari interface (async_reset, recv, send by env id) over a made-up game whose observations say which
     env and which of its steps they are. recv hands back `batch_size` of the due envs in a random order, as envpool's
     async mode returns whichever finish first; every action sent and every step's reward and ends are kept."""
+
     observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     action_space = gym.spaces.Discrete(4)
 
@@ -91,8 +117,9 @@ class TranscribedAtari:
         game_over = life_lost & (self.rng.random(len(env_ids)) < 0.4)
         truncated = ~first & ~life_lost & (self.rng.random(len(env_ids)) < 0.03)
         score = reward * 3  # the unclipped score, which the training returns must count
-        for env, k, r, done, s, ended in zip(env_ids, self.next_k[env_ids], reward, life_lost | truncated, score,
-                                            game_over | truncated):
+        for env, k, r, done, s, ended in zip(
+            env_ids, self.next_k[env_ids], reward, life_lost | truncated, score, game_over | truncated
+        ):
             self.arrived[env, k] = (r, float(done))
             self.game_returns[env] += s
             if ended:
@@ -134,9 +161,26 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
     fake.list_all_envs, fake.make_spec, fake.make = lambda: ["Breakout-v5"], lambda env_id: AtariEnvSpec(), make
     monkeypatch.setitem(sys.modules, "envpool", fake)
     T, num_envs, iterations = 8, 4, 5
-    monkeypatch.setattr(sys, "argv", ["ppo_atari_envpool.py", "--total-timesteps", str(T * num_envs * iterations),
-                                      "--num-envs", str(num_envs), "--num-steps", str(T), "--num-minibatches", "1",
-                                      "--update-epochs", "1", "--eval-episodes", "0", *mode])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "ppo_atari_envpool.py",
+            "--total-timesteps",
+            str(T * num_envs * iterations),
+            "--num-envs",
+            str(num_envs),
+            "--num-steps",
+            str(T),
+            "--num-minibatches",
+            "1",
+            "--update-epochs",
+            "1",
+            "--eval-episodes",
+            "0",
+            *mode,
+        ],
+    )
     monkeypatch.chdir(workdir)
     path = os.path.join(SCRIPTS, SCRIPT)
     acted, updates, fresh_logprobs = {}, [], []  # acted: observation -> what the policy gave, each time it was called
@@ -183,9 +227,10 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
         torch.testing.assert_close(logprobs, torch.tensor([latest[key][1] for key in rows]))
         torch.testing.assert_close(values, torch.tensor([latest[key][2] for key in rows]))
         # (T + 1, num_envs) tables over this rollout's observations, the last one bootstrapping
-        table = lambda f: torch.tensor([[f(env, k) for env in range(num_envs)] for k in range(i * T, (i + 1) * T + 1)])
-        step_rewards = table(lambda env, k: envs.arrived[env, k][0])[1:]  # row t: the reward of the step from obs t
-        dones, step_values = table(lambda env, k: envs.arrived[env, k][1]), table(lambda env, k: latest[env, k][2])
+        steps = range(i * T, (i + 1) * T + 1)
+        arrived = torch.tensor([[envs.arrived[env, k][:2] for env in range(num_envs)] for k in steps])
+        step_rewards, dones = arrived[1:, :, 0], arrived[..., 1]  # row t: the reward of the step from obs t
+        step_values = torch.tensor([[latest[env, k][2] for env in range(num_envs)] for k in steps])
         expected = reference_gae(step_rewards, step_values[:T], dones[:T], step_values[T], dones[T], 0.99, 0.95)
         where = torch.tensor([k - i * T for env, k in rows]), torch.tensor([env for env, k in rows])
         torch.testing.assert_close(advantages, expected[0][where], atol=1e-5, rtol=1e-5)
@@ -235,8 +280,9 @@ def test_update_steps_like_a_plain_ppo_step():
         with torch.no_grad():  # the log-probabilities and values of a policy a little behind, as in a later epoch
             _, logprobs, _, values = agent.get_action_and_value(obs, actions)
         noise = torch.randn(4, 32, generator=g)
-        minibatch = module.Batch(obs, actions, logprobs + 0.2 * noise[0], noise[1], values + noise[2],
-                                 values + 0.1 * noise[3])
+        minibatch = module.Batch(
+            obs, actions, logprobs + 0.2 * noise[0], noise[1], values + noise[2], values + 0.1 * noise[3]
+        )
         metrics = module.update(minibatch, agent=agent, optimizer=optimizer, args=module.Args())
         expected = plain_ppo_step(plain_agent, plain_optimizer, minibatch)
         for name, value in expected.items():
@@ -278,7 +324,9 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["compile"] == ("compile" in mode) and summary["envpool_async"] == (mode == "envpool-async")
-    assert summary["compiled_pieces"] == [] and summary["left_eager"] == ["gae", "policy", "update"] * ("compile" in mode)
+    assert summary["compiled_pieces"] == [] and summary["left_eager"] == ["gae", "policy", "update"] * (
+        "compile" in mode
+    )
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["num_updates"] == 2 * 2 * 2
     if mode != "envpool-async":  # async envs run ahead of each other by a step or two
@@ -296,24 +344,36 @@ def test_same_seed_gives_identical_runs(workdir):
 def test_checkpoint_evaluates_to_the_reported_score(workdir):
     trained, _ = run_script(SCRIPT, TINY + ["--save-model"], workdir)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
-    evaluated, _ = run_script(SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir)
+    evaluated, _ = run_script(
+        SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir
+    )
     assert evaluated["eval_returns"] == trained["eval_returns"]
-    _, proc = run_script(SCRIPT, ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
-                         workdir, check=False, timeout=120)
+    _, proc = run_script(
+        SCRIPT,
+        ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
+        workdir,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: --load-model")
     assert "Pong-v5 has num_actions 6" in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
-    (["--env-id", "HalfCheetah-v5"], "not an Atari game"),  # envpool has it, as a MuJoCo task
-    (["--envpool-async", "--num-envs", 3], "must be even"),
-    (["--num-minibatches", 3], "must divide num_envs x num_steps"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+        (["--env-id", "HalfCheetah-v5"], "not an Atari game"),  # envpool has it, as a MuJoCo task
+        (["--envpool-async", "--num-envs", 3], "must be even"),
+        (["--num-minibatches", 3], "must divide num_envs x num_steps"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
     _, proc = run_script(SCRIPT, TINY + args, workdir, check=False, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        proc.stderr
+    )
 
 
 def random_policy_scores(script, env_id, games, seed):
@@ -335,8 +395,18 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
     learning rate (twice the gradient steps on the same samples). Seeds 1-3 evaluated 5-6 (20 games). The
     `--envpool-async` mode runs the same update on differently ordered steps: it is checked by the mode test,
     not by a second 3-minute learning run (CI's time budget)."""
-    args = ["--total-timesteps", 98_304, "--num-minibatches", 8, "--learning-rate", 5e-4, "--eval-episodes", 20,
-            "--seed", 1]
+    args = [
+        "--total-timesteps",
+        98_304,
+        "--num-minibatches",
+        8,
+        "--learning-rate",
+        5e-4,
+        "--eval-episodes",
+        20,
+        "--seed",
+        1,
+    ]
     summary, _ = run_script(SCRIPT, args, workdir)
     random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
     trained = np.array(summary["eval_returns"])

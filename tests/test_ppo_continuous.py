@@ -8,15 +8,37 @@ from functools import partial
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-from conftest import (SUMMARY_KEYS, assert_gae_equals_the_reverse_loop, assert_same_seed_same_numbers, load_script,
-                      run_script)
+
+from conftest import (
+    SUMMARY_KEYS,
+    assert_gae_equals_the_reverse_loop,
+    assert_same_seed_same_numbers,
+    load_script,
+    run_script,
+)
 
 SCRIPT = "ppo_continuous_action.py"
 # 4 iterations of 64 steps on Pendulum, 2 epochs of 4 minibatches each.
-TINY = ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 4,
-        "--update-epochs", 2, "--eval-episodes", 2]
-MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-         "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+TINY = [
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    256,
+    "--num-steps",
+    64,
+    "--num-minibatches",
+    4,
+    "--update-epochs",
+    2,
+    "--eval-episodes",
+    2,
+]
+MODES = {
+    "eager": [],
+    "compile": ["--compile"],
+    "cudagraphs": ["--cudagraphs"],
+    "compile+cudagraphs": ["--compile", "--cudagraphs"],
+}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -33,11 +55,17 @@ def build_update(flags, flat=True):
     params = [module.flatten_parameters(agent)] if flat else list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=torch.tensor(3e-4), eps=1e-5, fused=True)
     args = module.Args()
-    return agent, module.speed_up(partial(module.update, agent=agent, params=params, optimizer=optimizer, args=args),
-                                  *flags)
+    return agent, module.speed_up(
+        partial(module.update, agent=agent, params=params, optimizer=optimizer, args=args), *flags
+    )
 
 
-SPED_UP = {"flat-parameters": (False, False), "compile": (True, False), "cudagraphs": (False, True), "both": (True, True)}
+SPED_UP = {
+    "flat-parameters": (False, False),
+    "compile": (True, False),
+    "cudagraphs": (False, True),
+    "both": (True, True),
+}
 
 
 @pytest.mark.parametrize("name", SPED_UP)
@@ -129,26 +157,37 @@ def test_target_kl_stops_the_epochs(workdir):
 def test_checkpoint_restores_policy_and_observation_statistics(workdir):
     trained, _ = run_script(SCRIPT, TINY + ["--save-model"], workdir)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
-    evaluated, _ = run_script(SCRIPT, ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2,
-                                       "--load-model", checkpoint], workdir)
+    evaluated, _ = run_script(
+        SCRIPT,
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint],
+        workdir,
+    )
     assert evaluated["eval_returns"] == trained["eval_returns"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
-    (["--env-id", "ALE/Breakout-v5"], "ALE/Breakout-v5"),  # unknown without ale-py, discrete with it
-    (["--env-id", "Breakout-v5"], "ppo_atari_envpool.py"),  # an envpool Atari id
-    (["--num-minibatches", 3], "must divide num_envs x num_steps"),
-    (["--total-timesteps", 0], "--total-timesteps must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
+        (["--env-id", "ALE/Breakout-v5"], "ALE/Breakout-v5"),  # unknown without ale-py, discrete with it
+        (["--env-id", "Breakout-v5"], "ppo_atari_envpool.py"),  # an envpool Atari id
+        (["--num-minibatches", 3], "must divide num_envs x num_steps"),
+        (["--total-timesteps", 0], "--total-timesteps must be positive"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
     _, proc = run_script(SCRIPT, TINY + args, workdir, check=False, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        proc.stderr
+    )
 
 
 @pytest.mark.learning
 def test_learns_inverted_pendulum_within_150k_steps(workdir):
-    summary, _ = run_script(SCRIPT, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 150_000, "--seed", 1,
-                                     "--eval-episodes", 10], workdir)
+    summary, _ = run_script(
+        SCRIPT,
+        ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 150_000, "--seed", 1, "--eval-episodes", 10],
+        workdir,
+    )
     assert summary["eval_return_mean"] >= 500, summary["eval_returns"]

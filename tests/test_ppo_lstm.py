@@ -7,18 +7,43 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from conftest import (SUMMARY_KEYS, assert_checkpoint_round_trip, assert_same_loss_and_gradients,
-                      assert_same_seed_same_numbers, done_patterns, load_script, loss_and_gradients, run_script)
 from test_ppo_atari import random_policy_scores
+
+from conftest import (
+    SUMMARY_KEYS,
+    assert_checkpoint_round_trip,
+    assert_same_loss_and_gradients,
+    assert_same_seed_same_numbers,
+    done_patterns,
+    load_script,
+    loss_and_gradients,
+    run_script,
+)
 
 envpool = pytest.importorskip("envpool")
 
 SCRIPT = "ppo_atari_lstm.py"
 # 2 iterations of 4 envs x 32 steps, 2 minibatches of 2 env rows, 2 epochs.
-TINY = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2,
-        "--update-epochs", 2, "--eval-episodes", 2]
-MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"],
-         "compile+cudagraphs": ["--compile", "--cudagraphs"]}
+TINY = [
+    "--total-timesteps",
+    256,
+    "--num-envs",
+    4,
+    "--num-steps",
+    32,
+    "--num-minibatches",
+    2,
+    "--update-epochs",
+    2,
+    "--eval-episodes",
+    2,
+]
+MODES = {
+    "eager": [],
+    "compile": ["--compile"],
+    "cudagraphs": ["--cudagraphs"],
+    "compile+cudagraphs": ["--compile", "--cudagraphs"],
+}
 
 
 def reference_outputs(lstm, features, h, c, dones):
@@ -100,11 +125,17 @@ def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode] + ["--lstm-impl", impl], workdir)
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["compile"] == ("compile" in mode) and summary["lstm_impl"] == impl
-    assert summary["compiled_pieces"] == [] and summary["left_eager"] == ["gae", "policy", "update"] * ("compile" in mode)
+    assert summary["compiled_pieces"] == [] and summary["left_eager"] == ["gae", "policy", "update"] * (
+        "compile" in mode
+    )
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["num_updates"] == 2 * 2 * 2 and summary["steady_steps"] == 128
     assert summary["real_steps"] == 2 * 2 * 2 * 2 * 32
-    assert summary["padded_steps"] >= summary["real_steps"] if impl == "padded" else summary["padded_steps"] == summary["real_steps"]
+    assert (
+        summary["padded_steps"] >= summary["real_steps"]
+        if impl == "padded"
+        else summary["padded_steps"] == summary["real_steps"]
+    )
     assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
     assert len(summary["eval_returns"]) == 2 and all(math.isfinite(v) for v in summary["final_metrics"].values())
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
@@ -122,12 +153,15 @@ def test_padded_and_loop_runs_take_the_same_steps(workdir):
         assert padded["final_metrics"][name] == pytest.approx(value, rel=1e-3, abs=1e-5), name
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
-    (["--env-id", "HalfCheetah-v5"], "not an Atari game"),
-    (["--num-minibatches", 3], "must divide --num-envs"),
-    (["--lstm-impl", "cudnn"], "lstm-impl"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+        (["--env-id", "HalfCheetah-v5"], "not an Atari game"),
+        (["--num-minibatches", 3], "must divide --num-envs"),
+        (["--lstm-impl", "cudnn"], "lstm-impl"),
+    ],
+)
 def test_bad_input_exits_with_code_2(args, message, workdir):
     _, proc = run_script(SCRIPT, TINY + args, workdir, check=False, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -137,8 +171,22 @@ def test_bad_input_exits_with_code_2(args, message, workdir):
 def test_learns_breakout_well_above_a_random_policy(workdir):
     """About 4 minutes on a 2-core CPU: 98,304 steps with CleanRL's settings except one env row per minibatch
     and a doubled learning rate (twice the gradient steps on the same samples)."""
-    summary, _ = run_script(SCRIPT, ["--total-timesteps", 98_304, "--num-minibatches", 8, "--learning-rate", 5e-4,
-                                     "--eval-episodes", 20, "--seed", 1], workdir)
+    summary, _ = run_script(
+        SCRIPT,
+        [
+            "--total-timesteps",
+            98_304,
+            "--num-minibatches",
+            8,
+            "--learning-rate",
+            5e-4,
+            "--eval-episodes",
+            20,
+            "--seed",
+            1,
+        ],
+        workdir,
+    )
     random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
     trained = np.array(summary["eval_returns"])
     standard_error = math.sqrt(trained.var(ddof=1) / len(trained) + random_scores.var(ddof=1) / len(random_scores))

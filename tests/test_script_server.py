@@ -16,7 +16,7 @@ def test_a_served_run_gives_what_a_fresh_interpreter_gives(workdir, monkeypatch)
     _, fresh_refusal = run_script("dqn.py", ["--gamma", 2], workdir, check=False)
     for key in ("eval_returns", "final_metrics", "return_mean", "steps_done", "torch_threads"):
         assert served[key] == fresh[key], key
-    last_line = lambda proc: json.loads(proc.stdout.splitlines()[-1][len("SPEED "):])  # noqa: E731
+    last_line = lambda proc: json.loads(proc.stdout.splitlines()[-1][len("SPEED ") :])  # noqa: E731
     assert last_line(served_proc).keys() == last_line(fresh_proc).keys()
     assert (served_refusal.returncode, served_refusal.stderr) == (fresh_refusal.returncode, fresh_refusal.stderr)
     assert served_refusal.returncode == 2

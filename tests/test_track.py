@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, SCRIPTS, run_script
-from test_hard_knocks import CASES
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_hard_knocks import CASES
+
+from conftest import ROOT, SCRIPTS, run_script
 
 BLOCK = 32 * 1024
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
@@ -53,7 +54,9 @@ def wandb_run(workdir):
         elif kind == "config":
             config.update({item.key: json.loads(item.value_json) for item in record.config.update})
         elif kind == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     files = glob.glob(os.path.join(os.path.dirname(log), "files", "**"), recursive=True)
     return name, config, rows, [os.path.basename(path) for path in files]
 
@@ -63,8 +66,24 @@ def test_track_offline_keeps_the_name_the_config_the_scalars_and_the_evaluation_
     for name, value in OFFLINE.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
-    args = ["--env-id", "Pendulum-v1", "--total-timesteps", 600, "--learning-starts", 200, "--batch-size", 64,
-            "--measure-burnin", 5, "--eval-episodes", 1, "--capture-video", "--track", "--wandb-project-name", "tests"]
+    args = [
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        600,
+        "--learning-starts",
+        200,
+        "--batch-size",
+        64,
+        "--measure-burnin",
+        5,
+        "--eval-episodes",
+        1,
+        "--capture-video",
+        "--track",
+        "--wandb-project-name",
+        "tests",
+    ]
     summary, _ = run_script("td3_continuous_action.py", args, workdir, timeout=300)
     run_name, config, rows, files = wandb_run(workdir)
     assert run_name == os.path.basename(summary["run_dir"])
@@ -97,8 +116,12 @@ def test_track_without_wandb_is_one_error_line_and_exit_code_2(script, workdir, 
     hidden.mkdir()
     (hidden / "wandb.py").write_text("raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), ROOT])}
-    command = [sys.executable, os.path.join(SCRIPTS, script), *map(str, CASES[script]["base"] + CASES[script]["tiny"]),
-               "--track"]
+    command = [
+        sys.executable,
+        os.path.join(SCRIPTS, script),
+        *map(str, CASES[script]["base"] + CASES[script]["tiny"]),
+        "--track",
+    ]
     line = the_one_error_line(command, workdir, env)
     assert line == 'error: --track logs to Weights & Biases, which is not installed: pip install ".[wandb]"'
 
