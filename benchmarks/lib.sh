@@ -23,6 +23,9 @@ run_modes() {
         (cd "$workdir" && "$PYTHON" "$ROOT/leanrl_scripts/$script" "$@" "${flags[@]}") > "$workdir/out.log"
         grep '^SPEED ' "$workdir/out.log" | tail -n 1 | cut -c7- > "$RESULTS_DIR/${name}__${mode}.json"
     done
-    "$PYTHON" "$ROOT/benchmarks/env_only.py" "$ROOT/leanrl_scripts/$script" "$@" > "$RESULTS_DIR/${name}__env_only.json"
+    local env_steps=20000  # a smoke run checks the plumbing, not the ceiling: 20,000 Atari steps cost 10-15 s
+    [ "$BENCH_PROFILE" = smoke ] && env_steps=2000
+    "$PYTHON" "$ROOT/benchmarks/env_only.py" "$ROOT/leanrl_scripts/$script" "$@" --steps "$env_steps" \
+        > "$RESULTS_DIR/${name}__env_only.json"
     rm -rf "$workdir"
 }

@@ -80,8 +80,14 @@ class ScriptServer:
         assert self.process.stdout.readline() == "ready\n", "the script server did not start"
         atexit.register(self.close)
 
+    def path_first(self, env):
+        """The folders `env`'s PYTHONPATH puts before the server's own (None: it does not end with the server's)."""
+        entries, own = env.get("PYTHONPATH", "").split(os.pathsep), self.env["PYTHONPATH"].split(os.pathsep)
+        return entries[: len(entries) - len(own)] if entries[len(entries) - len(own) :] == own else None
+
     def serves(self, env):
-        return all(env.get(name) == self.env.get(name) for name in READ_AT_START)
+        same = all(env.get(name) == self.env.get(name) for name in READ_AT_START if name != "PYTHONPATH")
+        return same and self.path_first(env) is not None
 
     def start(self, request, fds):
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -183,6 +189,7 @@ def start_script(script, args, cwd, env=None, new_session=False, sigint_default=
                 "args": list(map(str, args)),
                 "cwd": str(cwd),
                 "env": env,
+                "path_first": SERVER[0].path_first(env),
                 "new_session": new_session,
                 "sigint_default": sigint_default,
                 "file_size_limit": file_size_limit,
@@ -207,6 +214,24 @@ def start_script(script, args, cwd, env=None, new_session=False, sigint_default=
         start_new_session=new_session,
         preexec_fn=before_exec,
     )
+
+
+def served_python_env():
+    """The environment for run.sh whose `$PYTHON` sends each script's run to the script server
+    (tests/served_python.py); the real interpreter under LEANRL_TESTS_FRESH=1."""
+    if os.environ.get("LEANRL_TESTS_FRESH") == "1":
+        return {**os.environ, "PYTHON": sys.executable}
+    if not SERVER:
+        SERVER.append(ScriptServer())
+    server_env = SERVER[0].env
+    return {
+        **os.environ,
+        "PYTHONPATH": server_env["PYTHONPATH"],
+        "PYTHON": os.path.join(ROOT, "tests", "served_python.py"),
+        "LEANRL_REAL_PYTHON": sys.executable,
+        "LEANRL_SCRIPT_SERVER": SERVER[0].address,
+        "LEANRL_SERVER_READ_AT_START": json.dumps({k: server_env.get(k) for k in READ_AT_START}),
+    }
 
 
 def run_script(script, args, cwd, check=True, timeout=900, env=None):

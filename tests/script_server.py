@@ -5,9 +5,11 @@ A script's imports (torch, tensordict with torch._dynamo, gymnasium, TensorBoard
 imports them once; for each run it forks, and the child runs the script as `python script.py ARGS` would: its
 own argv, working directory, environment, session if asked, the test's pipes as stdin, stdout and stderr, the script
 run as __main__, then the interpreter's exit (non-daemon threads joined, atexit functions run, the exit code of
-SystemExit, SIGINT re-raised after a KeyboardInterrupt). What a fork cannot give is what the interpreter reads once
-at start-up: conftest.start_script runs a fresh interpreter when a test's environment differs from the server's there
-(PYTHONPATH, the OpenMP and thread variables), and LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter.
+SystemExit, SIGINT re-raised after a KeyboardInterrupt). PYTHONPATH entries a test puts before the server's come
+first on sys.path, and the modules they shadow are dropped from the server's imports (a test hides an extra that
+way). What a fork cannot give is what the interpreter and libgomp read once at start-up: conftest.start_script runs
+a fresh interpreter when a test's environment differs from the server's there (the OpenMP and thread variables,
+PYTHONPATH otherwise), and LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter.
 
     python tests/script_server.py SOCKET    (conftest.py starts it; one JSON request per connection)
 """
@@ -61,7 +63,12 @@ def run_child(request, fds):
     os.environ.update(request["env"])
     script = request["script"]
     sys.argv = [script, *request["args"]]
-    sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first
+    sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first, then PYTHONPATH's entries
+    for folder in reversed(request["path_first"]):  # a test's own, before the server's: modules it hides or adds
+        sys.path.insert(1, folder)
+        shadowed = {name.removesuffix(".py") for name in os.listdir(folder)}
+        for name in [name for name in sys.modules if name.split(".")[0] in shadowed]:
+            del sys.modules[name]  # imported by the server: the run imports the test's module instead
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, served_python_env
 
 
 def summary(mode, sps, steady_steps=1000, env_seconds=1.0, **extra):
@@ -122,9 +122,10 @@ def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
 
 @pytest.mark.slow
 def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
-    """Two of the four modes (CI time: all four took 9.5 of CI's 40 minutes): eager, the collector's baseline,
-    and compile+cudagraphs, the path no other test runs for some scripts; each script's own tests run the rest."""
-    env = {**os.environ, "PYTHON": sys.executable, "MODES": "eager compile+cudagraphs"}
+    """One of the four modes, eager, the collector's baseline (CI time: two modes took 15 of a 2-core machine's
+    minutes, one takes 6): each script's own tests run all four, and the collector's tables of several modes are
+    checked above on summaries made for it. What this run checks is the plumbing of run.sh and every bench file."""
+    env = {**served_python_env(), "MODES": "eager"}  # each script's run forked with its imports done
     proc = subprocess.run(
         ["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)],
         capture_output=True,
@@ -158,16 +159,16 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
         )
         assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
     for name, env_id in names.items():
-        for mode in ("eager", "compile+cudagraphs"):
-            run = json.loads((tmp_path / f"{name}__{mode}.json").read_text())
-            assert run["mode"] == mode and run["env_id"] == env_id and run["sps"] > 0
-            assert run.get("envpool_async", False) == (name == "ppo_atari_async")
-            assert run.get("async_actor", False) == (name in ("dqn_async", "dqn_atari_async"))
-            assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
-            assert run.get("lstm", False) == (name == "impala_lstm")
+        run = json.loads((tmp_path / f"{name}__eager.json").read_text())
+        assert run["mode"] == "eager" and run["env_id"] == env_id and run["sps"] > 0
+        assert run.get("envpool_async", False) == (name == "ppo_atari_async")
+        assert run.get("async_actor", False) == (name in ("dqn_async", "dqn_atari_async"))
+        assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
+        assert run.get("lstm", False) == (name == "impala_lstm")
+        assert not (tmp_path / f"{name}__compile.json").exists()
         assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 1000
         assert f"### {name}: " in proc.stdout
-    assert proc.stdout.count("| compile+cudagraphs") == len(names)
+    assert proc.stdout.count("| eager") == len(names) + len(impala_variants)
     assert (tmp_path / "speed.png").exists()
     phase = json.loads((tmp_path / "lstm_update.json").read_text())
     assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0

@@ -3,7 +3,6 @@ mistyped flag, and run.sh's usage."""
 
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -24,24 +23,22 @@ def without(modules, tmp_path):
     """An environment whose imports of `modules` fail as if they were not installed."""
     for module in modules:
         (tmp_path / f"{module}.py").write_text(f"raise ModuleNotFoundError('hidden by the test', name={module!r})\n")
-    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
 
 
-def run(args, cwd, env=None):
-    return subprocess.run(
-        [sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+def run(script, args, cwd, env):
+    return run_script(script, args, cwd, check=False, timeout=300, env=env)[1]
 
 
 @pytest.mark.parametrize("script", NEEDS_EXTRA)
 def test_help_works_without_the_extras_and_a_run_names_the_install(script, tmp_path):
     run_args, hidden, install = NEEDS_EXTRA[script]
     env = without(["envpool", "ray", "cv2", "ale_py"], tmp_path)
-    proc = run([os.path.join(SCRIPTS, script), "--help"], tmp_path, env)
+    proc = run(script, ["--help"], tmp_path, env)
     assert proc.returncode == 0 and "usage:" in proc.stdout and "--total-timesteps" in proc.stdout, proc.stderr[-2000:]
 
     (tmp_path / "hidden").mkdir()  # this time only the script's own extra is missing
-    proc = run([os.path.join(SCRIPTS, script), *run_args], tmp_path, without(hidden, tmp_path / "hidden"))
+    proc = run(script, run_args, tmp_path, without(hidden, tmp_path / "hidden"))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and install in lines[0], (
         proc.stderr[-2000:]
@@ -50,9 +47,7 @@ def test_help_works_without_the_extras_and_a_run_names_the_install(script, tmp_p
 
 
 def test_the_gymnasium_back_end_names_the_atari_extra(tmp_path):
-    proc = run(
-        [os.path.join(SCRIPTS, "dqn_atari.py"), "--env-backend", "gymnasium"], tmp_path, without(["ale_py"], tmp_path)
-    )
+    proc = run("dqn_atari.py", ["--env-backend", "gymnasium"], tmp_path, without(["ale_py"], tmp_path))
     assert proc.returncode == 2 and proc.stderr.strip() == (
         'error: the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"'
     ), proc.stderr[-2000:]

@@ -1,6 +1,6 @@
 """IMPALA on Ray (impala_ray.py): V-trace against the paper's formula summed term by term, the LSTM core's padded
 replay against the actors' step-by-step loop, the script in every mode and on Atari, an actor killed mid-run, bad
-input, learning CartPole with and without LASER replay, and a task that needs memory with and without the core."""
+input, learning CartPole with and without LASER replay, and a task that needs memory, learned by the LSTM core."""
 
 import json
 import os
@@ -196,55 +196,23 @@ def check_summary(summary, fresh_per_update):
     assert all(np.isfinite(value) for value in summary["final_metrics"].values())
 
 
+# Each mode once, the variants spread over them (a run starts Ray and its actors: 10-25 s here): the feed-forward
+# core compiled; the LSTM core compiled and, without CUDA, the graphs' warning; replay with the eager code behind
+# --cudagraphs; on Atari, the ResNet with the LSTM core and replay, and the default Nature CNN, eager.
 @pytest.mark.parametrize(
     "mode, args, fresh_per_update",
     [
         ("compile", CARTPOLE + ["--compile", "--total-timesteps", 3200], 16 * 20),
-        ("compile+cudagraphs", CARTPOLE + ["--compile", "--cudagraphs", "--total-timesteps", 3200], 16 * 20),
+        (
+            "compile+cudagraphs",
+            CARTPOLE + ["--compile", "--cudagraphs", "--lstm", "--hide-obs", 1, 3, "--total-timesteps", 3200],
+            16 * 20,
+        ),
         (
             "cudagraphs",
             CARTPOLE
             + [
                 "--cudagraphs",
-                "--total-timesteps",
-                3200,
-                "--replay-ratio",
-                0.5,
-                "--batch-size",
-                16,
-                "--replay-size",
-                24,
-            ],
-            8 * 20,
-        ),
-        (
-            "eager",
-            [
-                "--env-id",
-                "Breakout-v5",
-                "--resnet",
-                "--num-actors",
-                2,
-                "--envs-per-actor",
-                2,
-                "--batch-size",
-                8,
-                "--unroll-length",
-                8,
-                "--replay-ratio",
-                0.5,
-                "--total-timesteps",
-                640,
-            ],
-            4 * 8,
-        ),
-        ("compile", CARTPOLE + ["--compile", "--lstm", "--hide-obs", 1, 3, "--total-timesteps", 3200], 16 * 20),
-        (
-            "cudagraphs",
-            CARTPOLE
-            + [
-                "--cudagraphs",
-                "--lstm",
                 "--total-timesteps",
                 3200,
                 "--replay-ratio",
@@ -277,16 +245,32 @@ def check_summary(summary, fresh_per_update):
                 640,
             ],
             4 * 8,
+        ),
+        (
+            "eager",
+            [
+                "--env-id",
+                "Breakout-v5",
+                "--num-actors",
+                2,
+                "--envs-per-actor",
+                2,
+                "--batch-size",
+                8,
+                "--unroll-length",
+                8,
+                "--total-timesteps",
+                640,
+            ],
+            8 * 8,
         ),
     ],
     ids=[
         "compile-cartpole",
-        "compile+cudagraphs-cartpole",
+        "compile+cudagraphs-cartpole-lstm",
         "cudagraphs-cartpole-replay",
-        "atari-resnet-replay",
-        "compile-cartpole-lstm",
-        "cudagraphs-cartpole-replay-lstm",
         "atari-resnet-lstm-replay",
+        "atari",
     ],
 )
 def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir):
@@ -424,19 +408,30 @@ def test_learns_cartpole_with_two_actors(replay, workdir):
     assert evaluations[-1] >= 400, evaluations
 
 
+def test_hide_obs_zeroes_the_velocities_in_the_actors_and_the_evaluation_envs():
+    """What makes the memory task below need memory: entries 1 and 3 of CartPole (the velocities) read as zeros
+    in the actors' envs and in the evaluation's, through resets and the resets inside a step; the others move."""
+    module = load_script(SCRIPT)
+    for training in (True, False):
+        envs = module.make_envs("CartPole-v1", 3, seed=1, training=training, hide_obs=(1, 3))
+        envs.action_space.seed(1)
+        seen = [envs.reset()[0]] + [envs.step(envs.action_space.sample())[0] for _ in range(60)]
+        envs.close()
+        seen = np.stack(seen)  # 61 steps of 3 envs: several episodes each under random actions
+        assert (seen[..., [1, 3]] == 0).all() and (seen[..., [0, 2]] != 0).all(axis=0).any()
+
+
 @pytest.mark.learning
-def test_only_the_lstm_core_learns_cartpole_without_velocities(workdir):
-    """CartPole with both velocities hidden (--hide-obs 1 3) needs memory: the feed-forward model stays far below what
-    the LSTM core reaches in the same budget (90-140 s a core run, 60 s a feed-forward one). Measured: the core
-    evaluated 426, 388 and 363 on seeds 2-4, the feed-forward model 43.8 and 45.8 on seeds 2 and 3, before the
-    rewards were scaled (--norm-reward, c4cbba2); since, the core passed on its first seed."""
-    args = CARTPOLE + ["--total-timesteps", 1_000_000, "--eval-episodes", 20, "--hide-obs", 1, 3]
+def test_the_lstm_core_learns_cartpole_without_velocities(workdir):
+    """CartPole with both velocities hidden (--hide-obs 1 3, checked above) needs memory: measured, the
+    feed-forward model evaluated 43.8 and 45.8 on seeds 2 and 3 in this budget, the core 426, 388 and 363 on seeds
+    2-4 (before the rewards were scaled, --norm-reward, c4cbba2; since, the core passed on its first seed). The
+    feed-forward run no longer runs beside it: a property of the task, not of the script, for 2 minutes of CI."""
+    args = CARTPOLE + ["--total-timesteps", 1_000_000, "--eval-episodes", 20, "--hide-obs", 1, 3, "--lstm"]
     evaluations = []
     for seed in (2, 3):
-        summary, _ = run_script(SCRIPT, args + ["--lstm", "--seed", seed], workdir)
+        summary, _ = run_script(SCRIPT, args + ["--seed", seed], workdir)
         evaluations.append(summary["eval_return_mean"])
         if evaluations[-1] >= 300:
             break
-    feed_forward, _ = run_script(SCRIPT, args + ["--seed", 2], workdir)
     assert evaluations[-1] >= 300, evaluations
-    assert feed_forward["eval_return_mean"] < 100, feed_forward["eval_return_mean"]

@@ -70,11 +70,25 @@ def start_run(cluster, total_timesteps, workdir):
     )
 
 
-def wait_for_actors(proc, before, count=4, timeout=120):
-    """Until `count` new actor processes play (then a few seconds more: some updates in)."""
+def actors_on(node):
+    """The actor processes a node's raylet started (its workers are the raylet's children)."""
+    (raylet,) = node.all_processes["raylet"]
+    return set(
+        subprocess.run(
+            ["pgrep", "-P", str(raylet.process.pid), "-f", "ray::UnrollActor"], capture_output=True, text=True
+        ).stdout.split()
+    )
+
+
+def wait_for_actors(proc, before, count=4, timeout=120, on=None):
+    """Until `count` new actor processes play, two of them on the node `on` if given (then a few seconds more: some
+    updates in)."""
     deadline = time.time() + timeout
-    while len(actor_processes() - before) < count:
-        assert time.time() < deadline and proc.poll() is None, proc.communicate()[1][-2000:]
+    while len(actor_processes() - before) < count or (on is not None and len(actors_on(on)) < 2):
+        assert time.time() < deadline and proc.poll() is None, (
+            actors_on(on) if on else "",
+            proc.communicate()[1][-2000:],
+        )
         time.sleep(0.5)
     time.sleep(3)
 
@@ -104,23 +118,26 @@ def test_actors_are_spread_over_both_nodes_and_none_outlives_the_run(cluster, wo
 
 
 def test_a_node_stopped_mid_run_costs_its_actors_not_the_run(cluster, workdir):
-    """The second node's raylet and workers killed: its two actors die, Ray restarts them on the head, the run
-    reaches its budget and counts what was lost."""
+    """The second node's raylet and workers killed: its two actors die, Ray restarts them on the head, and the run
+    reaches its budget. Whether a call in flight fails with them is Ray's choice (Ray 2.60 re-sends the calls it
+    still holds to the restarted actor: 0 or 1 lost in two runs here); each failure the run sees is counted."""
     (second_node,) = cluster.worker_nodes
     before = actor_processes()
-    proc = start_run(cluster, 600_000, workdir)
-    wait_for_actors(proc, before)
+    proc = start_run(cluster, 300_000, workdir)
+    wait_for_actors(proc, before, on=second_node)  # SPREAD places one actor per node in turn, but only as it can
+    on_second_node = actors_on(second_node)
     cluster.remove_node(second_node, allow_graceful=False)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
+    assert not on_second_node & actor_processes()  # they died with their node
     summary = summary_of(stdout)
-    # the node's two actors died, and the head's never did (a third restart was counted in one run, on a machine
-    # busy with another cluster: a restarted actor can die again while Ray tears the node down)
+    assert list(summary["actor_nodes"].values()) == [4], summary["actor_nodes"]  # restarted on the head, and played
+    assert summary["steps_done"] >= 300_000 and summary["num_updates"] == -(-300_000 // 320)
+    # at most the node's two actors died (once a third restart was counted, on a machine busy with another cluster:
+    # a restarted actor can die again while Ray tears the node down), and what the run saw is what it counts
     died = [line for line in stderr.splitlines() if "died; Ray restarts it" in line]
-    assert len({line.split()[2] for line in died}) == 2 and summary["actor_restarts"] == len(died) >= 2, died
-    assert summary["unrolls_lost"] >= 2 * 4, summary
-    assert summary["steps_done"] >= 600_000 and summary["num_updates"] == -(-600_000 // 320)
-    assert list(summary["actor_nodes"].values()) == [4], summary["actor_nodes"]  # all on the head by the end
+    assert len({line.split()[2] for line in died}) <= 2 and summary["actor_restarts"] == len(died), died
+    assert summary["unrolls_lost"] >= 4 * len(died), summary
 
 
 def test_a_head_that_goes_away_ends_the_driver_with_one_line(cluster, workdir):

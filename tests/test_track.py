@@ -4,14 +4,12 @@ account, no network), and one clear line when wandb is not installed or cannot s
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_hard_knocks import CASES
 
-from conftest import ROOT, SCRIPTS, run_script
+from conftest import ROOT, run_script
 
 BLOCK = 32 * 1024
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
@@ -100,9 +98,9 @@ def test_track_offline_keeps_the_name_the_config_the_scalars_and_the_evaluation_
     assert any(name.endswith(".mp4") for name in files), files
 
 
-def the_one_error_line(command, workdir, env):
-    """Runs `command` in `workdir`: it must exit with code 2, one line on stderr and no run folder; returns the line."""
-    proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=120)
+def the_one_error_line(script, args, workdir, env=None):
+    """Runs `script` in `workdir`: it must exit with code 2, one line on stderr and no run folder; returns the line."""
+    _, proc = run_script(script, args, workdir, check=False, timeout=120, env=env)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert not os.path.exists(os.path.join(workdir, "runs"))
@@ -115,22 +113,16 @@ def test_track_without_wandb_is_one_error_line_and_exit_code_2(script, workdir, 
     hidden = tmp_path / "no_wandb"
     hidden.mkdir()
     (hidden / "wandb.py").write_text("raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), ROOT])}
-    command = [
-        sys.executable,
-        os.path.join(SCRIPTS, script),
-        *map(str, CASES[script]["base"] + CASES[script]["tiny"]),
-        "--track",
-    ]
-    line = the_one_error_line(command, workdir, env)
+    env = {"PYTHONPATH": os.pathsep.join([str(hidden), ROOT])}
+    line = the_one_error_line(script, [*CASES[script]["base"], *CASES[script]["tiny"], "--track"], workdir, env)
     assert line == 'error: --track logs to Weights & Biases, which is not installed: pip install ".[wandb]"'
 
 
-def test_track_when_wandb_cannot_start_is_one_error_line_and_exit_code_2(workdir):
+def test_track_when_wandb_cannot_start_is_one_error_line_and_exit_code_2(workdir, monkeypatch):
     """No API key and no offline mode: W&B refuses to start, and the run stops before it makes its folder."""
     pytest.importorskip("wandb", reason='--track needs the wandb extra: pip install ".[wandb]"')
-    env = {name: value for name, value in os.environ.items() if not name.startswith("WANDB_")}
-    env.update(HOME=workdir, WANDB_CONFIG_DIR=workdir, NETRC=os.path.join(workdir, "no-netrc"), PYTHONPATH=ROOT)
-    command = [sys.executable, os.path.join(SCRIPTS, "dqn.py"), "--total-timesteps", "2000", "--track"]
-    line = the_one_error_line(command, workdir, env)
+    for name in [name for name in os.environ if name.startswith("WANDB_")]:
+        monkeypatch.delenv(name)
+    env = {"HOME": workdir, "WANDB_CONFIG_DIR": workdir, "NETRC": os.path.join(workdir, "no-netrc")}
+    line = the_one_error_line("dqn.py", ["--total-timesteps", 2000, "--track"], workdir, env)
     assert line.startswith("error: --track: W&B did not start (") and "WANDB_MODE=offline" in line, line

@@ -3,13 +3,12 @@ cannot work (no evaluation to record, no moviepy). SAC's RecordVideo path is in 
 
 import glob
 import os
-import sys
 
 import pytest
 from test_hard_knocks import CASES
 from test_track import the_one_error_line
 
-from conftest import ROOT, SCRIPTS, run_script
+from conftest import ROOT, run_script
 
 imageio = pytest.importorskip("imageio.v2")  # moviepy's own reader and writer (the [video] extra)
 
@@ -51,19 +50,13 @@ def test_capture_video_records_the_first_evaluation_game(script, workdir):
 def test_capture_video_that_cannot_work_is_one_error_line_and_exit_code_2(script, workdir, tmp_path):
     """The videos are made after the training: what would stop them must show before it (the check is the run block's,
     the same text in every script)."""
-    command = [
-        sys.executable,
-        os.path.join(SCRIPTS, script),
-        *map(str, CASES[script]["base"] + CASES[script]["tiny"]),
-        "--capture-video",
-    ]
-    line = the_one_error_line(command + ["--eval-episodes", "0"], workdir, dict(os.environ))
+    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--capture-video"]
+    line = the_one_error_line(script, [*args, "--eval-episodes", "0"], workdir)
     assert line == "error: --capture-video records the evaluation: it needs --eval-episodes 1 or more"
     hidden = tmp_path / "no_moviepy"
     hidden.mkdir()
     (hidden / "moviepy.py").write_text("raise ModuleNotFoundError(\"No module named 'moviepy'\", name='moviepy')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), ROOT])}
-    line = the_one_error_line(command, workdir, env)
+    line = the_one_error_line(script, args, workdir, {"PYTHONPATH": os.pathsep.join([str(hidden), ROOT])})
     assert (
         line == 'error: --capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"'
     )
