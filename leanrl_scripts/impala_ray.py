@@ -563,13 +563,7 @@ def speed_up(fn, compile, cudagraphs):
 
 
 def connect(address, num_actors):
-    """Start a local Ray instance, or join a cluster (probed first: ray.init retries a wrong address for minutes)."""
-    if address not in ("", "auto"):
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError) as error:
-            fail(f"cannot reach a Ray cluster at --ray-address {address} ({error})")
+    """Start a local Ray instance, or join a cluster (an address is probed first, by watch_driver)."""
     try:  # a local instance gets a CPU per actor even on a smaller machine: the actors then share the cores
         ray.init(
             address=address or None,
@@ -617,6 +611,12 @@ def watch_driver(address):
     its Ray processes (the head going away, when the driver runs on it) with _exit(1): no line, no clean-up. The
     child marks every exit Python makes; an unmarked one is Ray's, and this process says so. Costs a second
     Python process (its memory and start-up) on cluster runs only."""
+    if address != "auto":  # probed before the child starts: ray.init would retry a wrong address for minutes
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as error:
+            fail(f"cannot reach a Ray cluster at --ray-address {address} ({error})")
     marks, mark_end = os.pipe()
     # A driver on another machine than the head keeps its Ray processes when the head goes away, and by default
     # trains on for 60 s, blind, before Ray ends it: 10 s. (A head that comes back needs GCS fault tolerance.)
