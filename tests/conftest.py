@@ -377,6 +377,30 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
 SLOW_LEFT_OUT = pytest.StashKey[int]()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """pyproject.toml's `-n auto`: the fast tier in two worker processes. Most of its tests wait on one script's
+    run, which keeps one core busy (tiny budgets, one torch thread), so a second worker uses the core that would
+    idle. Tests picked by marker (`-m slow`) or named by node id run in this process: the learning tests keep the
+    cores busy on their own (two workers on a 2-core CPU made each run 1.4-2.7x slower, the slow tier no
+    faster), and one test needs no workers. `-n N` sets another count, `-n 0` runs in this process."""
+    return 0 if config.option.markexpr or any("::" in arg for arg in config.args) else 2
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Tests go to whichever worker is free, but those that start Ray (IMPALA's, and run.sh's runs of every script)
+    run one after the other on one worker, first: a `ray.init()` joins the cluster that another test's `ray start`
+    made, and a local Ray instance takes the cores for seconds as it starts. xdist's own `--dist loadgroup` does
+    this by a marker, but renames the tests to do it, which pytest 9.2 no longer lets it."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid):  # a scope is a unit of work that one worker runs, largest first
+            return "ray" if "impala" in nodeid or "test_run_sh_" in nodeid else nodeid
+
+    return RayTestsTogether(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Two tiers: `python -m pytest` leaves out the tests marked slow (the learning tests among them), `-m slow` runs
@@ -391,6 +415,15 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
         config.hook.pytest_deselected(items=slow)
         config.stash[SLOW_LEFT_OUT] = len(slow)
+        if hasattr(config, "workeroutput"):  # an xdist worker: the count goes to the main process
+            config.workeroutput["slow_left_out"] = len(slow)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's main process, as a worker ends: every worker collected the same tests."""
+    if "slow_left_out" in getattr(node, "workeroutput", {}):
+        node.config.stash[SLOW_LEFT_OUT] = node.workeroutput["slow_left_out"]
 
 
 def pytest_terminal_summary(terminalreporter, config):

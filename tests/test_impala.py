@@ -284,21 +284,37 @@ def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir
     assert proc.stderr.count("--cudagraphs needs CUDA") == ("cudagraphs" in mode)
 
 
+def descendants(pid):
+    """Every process below `pid`, from pgrep's parent links."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return {int(child) for child in children} | {grandchild for child in children for grandchild in descendants(child)}
+
+
+def playing_actors(pid):
+    """The actor processes of the run `pid` that are in an unroll (Ray's process title names the method)."""
+    actors = set()
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline") as f:
+                if "ray::UnrollActor.unroll" in f.read():
+                    actors.add(child)
+        except OSError:  # gone meanwhile
+            pass
+    return actors
+
+
 def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     """SIGKILL one actor process mid-run: Ray restarts it, the learner counts the restart and the lost unrolls
     and trains to the end of its budget."""
-    before = set(subprocess.run(["pgrep", "-f", "ray::UnrollActor"], capture_output=True, text=True).stdout.split())
     args = CARTPOLE + ["--total-timesteps", 120_000, "--eval-episodes", 0]
     proc = start_script(SCRIPT, args, workdir)
     deadline, victim = time.time() + 120, None
     while victim is None and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
-        pids = set(
-            subprocess.run(["pgrep", "-f", "ray::UnrollActor.unroll"], capture_output=True, text=True).stdout.split()
-        )
-        if pids - before:
+        actors = playing_actors(proc.pid)
+        if actors:
             time.sleep(2)  # a few updates in
-            victim = int(min(pids - before))
+            victim = min(actors)
             os.kill(victim, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)
     assert victim is not None, f"no actor process was seen: {stderr[-2000:]}"
@@ -307,12 +323,6 @@ def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     assert summary["actor_restarts"] == 1 and summary["unrolls_lost"] >= 4, (summary, stderr[-2000:])
     assert summary["num_updates"] == -(-120_000 // 320) and summary["steady_steps"] > 0
     assert stderr.count("died; Ray restarts it") == 1
-
-
-def descendants(pid):
-    """Every process below `pid`, from pgrep's parent links."""
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return {int(child) for child in children} | {grandchild for child in children for grandchild in descendants(child)}
 
 
 def running(pid):
