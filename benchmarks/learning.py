@@ -8,6 +8,7 @@ collected into curves, a table of final returns and a chart per task.
 Each run writes FOLDER/runs/<task>__seed<k>.json (the summary and the training returns from TensorBoard, with the
 seconds since the run's writer opened, and the losses/* scalars it logged, to compare two sides' runs by more than
 their returns); a run whose file exists is not run again, so an interrupted profile goes on where it stopped.
+Our scripts run with $PYTHON where it is set (run.sh exports its own), else with this interpreter.
 Then FOLDER gets curves.csv (every episode of every run), final.md (per task: the final evaluation
 over seeds as mean +- std, a 95% bootstrap confidence interval of the mean and the interquartile mean) and
 <task>.png (the training return against steps and against seconds: the mean over seeds as a line, the lowest and the
@@ -594,11 +595,12 @@ def main():
             parser.error(f"--{side.lower()} {clone}: not a clone of {REFERENCE_REPOS[side][0]} with {commit[:8]}")
     folder = args.results or os.path.join(ROOT, "benchmarks", "results", machine_tag(), "learning")
     os.makedirs(folder, exist_ok=True)
+    python = os.environ.get("PYTHON", sys.executable)  # run.sh's, as for its speed runs; else this interpreter
     for task in tasks:
         references = [(side, clones[side]) for side, _ in REFERENCES.get(task, []) if side in clones]
         for seed in range(1, args.seeds + 1):
             for side, clone in [("ours", None), *references]:
-                run_task(task, seed, args.profile, folder, sys.executable, side, clone, args.reference_python)
+                run_task(task, seed, args.profile, folder, python, side, clone, args.reference_python)
     collect(folder)
 
 

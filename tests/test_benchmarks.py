@@ -208,7 +208,7 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
 def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(tmp_path):
     """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves, the
     losses and the table are read back against the runs' own records, and a second call runs nothing again."""
-    env = {**os.environ, "PYTHON": sys.executable}
+    env = served_python_env()  # learning.py's runs of our scripts go through $PYTHON too: forked, imports done
     command = [
         "bash",
         os.path.join(ROOT, "run.sh"),
