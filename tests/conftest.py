@@ -377,6 +377,7 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
 SLOW_LEFT_OUT = pytest.StashKey[int]()
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """pyproject.toml's `-n auto`: the fast tier in two worker processes. Most of its tests wait on one script's
     run, which keeps one core busy (tiny budgets, one torch thread), so a second worker uses the core that would
