@@ -2,14 +2,15 @@
 
 A script's imports (torch, tensordict with torch._dynamo, gymnasium, TensorBoard, envpool) take 6-7 s of CPU on a
 2-core machine, and the tests start the scripts hundreds of times: most of the suite's time went there. This server
-imports them once; for each run it forks, and the child runs the script as `python script.py ARGS` would: its
-own argv, working directory, environment, session if asked, the test's pipes as stdin, stdout and stderr, the script
-run as __main__, then the interpreter's exit (non-daemon threads joined, atexit functions run, the exit code of
-SystemExit, SIGINT re-raised after a KeyboardInterrupt). PYTHONPATH entries a test puts before the server's come
-first on sys.path, and the modules they shadow are dropped from the server's imports (a test hides an extra that
-way). What a fork cannot give is what the interpreter and libgomp read once at start-up: conftest.start_script runs
-a fresh interpreter when a test's environment differs from the server's there (the OpenMP and thread variables,
-PYTHONPATH otherwise), and LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter.
+imports them once and does what a process's first torch.compile sets up (warm_up_compile); for each run it forks,
+and the child runs the script as `python script.py ARGS` would: its own argv, working directory, environment,
+session if asked, the test's pipes as stdin, stdout and stderr, the script run as __main__, then the interpreter's
+exit (non-daemon threads joined, atexit functions run, the exit code of SystemExit, SIGINT re-raised after a
+KeyboardInterrupt). PYTHONPATH entries a test puts before the server's come first on sys.path, and the modules they
+shadow are dropped from the server's imports (a test hides an extra that way). What a fork cannot give is what the
+interpreter and libgomp read once at start-up: conftest.start_script runs a fresh interpreter when a test's
+environment differs from the server's there (the OpenMP and thread variables, PYTHONPATH otherwise), and
+LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter.
 
     python tests/script_server.py SOCKET    (conftest.py starts it; one JSON request per connection)
 """
@@ -43,6 +44,24 @@ try:
 except ModuleNotFoundError:
     pass
 
+
+def warm_up_compile():
+    """A process's first torch.compile pays, once, inductor's imports and its probes of the C++ compiler (its version,
+    a child Python that loads a kernel to check the vector ISA, g++ -E of torch's headers to key the precompiled
+    header): 5-6 s here, even with every graph in the cache. One small compile here pays them before the forks. With
+    one compile thread, as no worker pool may be forked along; the runs' compiles find the setting restored."""
+    import torch._inductor.config
+
+    threads, torch._inductor.config.compile_threads = torch._inductor.config.compile_threads, 1
+    try:
+        torch.compile(lambda x: x.mul(2).sin().sum())(torch.randn(8))
+    except Exception:  # no C++ compiler, say: each compiled run then fails on its own, the others still run
+        pass
+    torch._inductor.config.compile_threads = threads
+    torch._dynamo.reset()
+
+
+warm_up_compile()
 FDS = 3  # stdin, stdout, stderr
 
 
