@@ -72,7 +72,7 @@ class ScriptServer:
         self.env = {**os.environ, "PYTHONPATH": ROOT}
         self.process = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "tests", "script_server.py"), self.address],
-            env=self.env,
+            env={**self.env, "LEANRL_READ_AT_START": " ".join(READ_AT_START)},
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,

@@ -10,22 +10,27 @@ KeyboardInterrupt). PYTHONPATH entries a test puts before the server's come firs
 shadow are dropped from the server's imports (a test hides an extra that way). What a fork cannot give is what the
 interpreter and libgomp read once at start-up: conftest.start_script runs a fresh interpreter when a test's
 environment differs from the server's there (the OpenMP and thread variables, PYTHONPATH otherwise), and
-LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter.
+LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter. A process that a served run starts with multiprocessing's
+spawn (the async DQN's actor) is forked here too, through tests/served_python.py.
 
     python tests/script_server.py SOCKET    (conftest.py starts it; one JSON request per connection)
 """
 
 import atexit
 import ctypes
+import fcntl
 import json
+import multiprocessing
 import os
 import resource
 import runpy
 import selectors
+import shlex
 import signal
 import socket
 import sys
 import threading
+from functools import partial
 
 # Read once by libgomp when torch loads it: the CNN scripts set it before their imports, and sleeping idle threads
 # are also what a 2-core machine running tests wants from the MLP scripts.
@@ -62,27 +67,42 @@ def warm_up_compile():
 
 
 warm_up_compile()
-FDS = 3  # stdin, stdout, stderr
+MAX_FDS = 64  # stdin, stdout, stderr, and a spawned child's inherited descriptors
+SPAWN_PYTHON = []  # the interpreter multiprocessing's spawn runs in a served run: served_python.py, through sh
 
 
 def run_child(request, fds):
-    """In the forked child: become `python script args` and never return."""
+    """In the forked child: become `python script args`, or `python -c CODE` for a process that a served run
+    spawned (its descriptors at their numbers), and never return."""
     if request["new_session"]:
         os.setsid()
-    for target, fd in enumerate(fds):
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds]  # clear of the numbers they go to
+    for fd in fds:
+        os.close(fd)
+    watch = moved.pop() if "code" in request else None
+    for target, fd in zip([0, 1, 2, *request.get("fd_numbers", [])], moved):
         os.dup2(fd, target)
         os.close(fd)
     if request["sigint_default"]:  # what a fresh interpreter does when SIGINT is not ignored as it starts
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if request.get("sigint_ignored"):  # ignored as it started, as a fresh interpreter keeps it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if request["file_size_limit"] is not None:  # a full disk: a write past the limit fails with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"],) * 2)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    script = request["script"]
-    sys.argv = [script, *request["args"]]
-    sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first, then PYTHONPATH's entries
+    if watch is not None:  # the spawner's child is served_python.py: when it ends (SIGKILL too), this process ends
+        threading.Thread(target=lambda: os.read(watch, 1) or os.kill(os.getpid(), signal.SIGKILL), daemon=True).start()
+        sys.argv = ["-c", *request["args"]]
+        run = partial(exec, compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        script = request["script"]
+        sys.argv = [script, *request["args"]]
+        sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first, then PYTHONPATH's entries
+        multiprocessing.set_executable(SPAWN_PYTHON[0])  # a process it spawns is forked here too
+        run = partial(runpy.run_path, script, run_name="__main__")
     for folder in reversed(request["path_first"]):  # a test's own, before the server's: modules it hides or adds
         sys.path.insert(1, folder)
         shadowed = {name.removesuffix(".py") for name in os.listdir(folder)}
@@ -90,7 +110,7 @@ def run_child(request, fds):
             del sys.modules[name]  # imported by the server: the run imports the test's module instead
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        run()
     except SystemExit as exit:
         if exit.code is None or isinstance(exit.code, int):
             code = exit.code or 0
@@ -117,7 +137,26 @@ def run_child(request, fds):
     os._exit(code)
 
 
+def write_spawn_python(path):
+    """multiprocessing's spawn execs its interpreter with the child's descriptors: this runs served_python.py
+    instead, which has the child forked here (the real interpreter where the environment asks for one)."""
+    served_python = os.path.join(os.path.dirname(os.path.abspath(__file__)), "served_python.py")
+    read_at_start = {name: os.environ.get(name) for name in os.environ["LEANRL_READ_AT_START"].split()}  # as set here
+    settings = {
+        "LEANRL_REAL_PYTHON": sys.executable,
+        "LEANRL_SCRIPT_SERVER": path,
+        "LEANRL_SERVER_READ_AT_START": json.dumps(read_at_start),
+    }
+    wrapper = os.path.join(os.path.dirname(path), "spawn_python")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\nexec env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items()))
+        f.write(f' {shlex.quote(sys.executable)} {shlex.quote(served_python)} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    SPAWN_PYTHON.append(wrapper)
+
+
 def serve(path):
+    write_spawn_python(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -128,7 +167,7 @@ def serve(path):
     while True:
         for _ in selector.select(timeout=0.05):
             connection, _ = listener.accept()
-            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, FDS)
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, MAX_FDS)
             request = json.loads(message)
             sys.stdout.flush()
             sys.stderr.flush()

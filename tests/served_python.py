@@ -3,7 +3,12 @@
 (tests/script_server.py: imports done, forked), with this process's working directory, environment and standard
 streams, and exits as the run did; anything else, or an environment that differs from the server's where an
 interpreter reads it at start, execs the real interpreter. run.sh's smoke runs start about forty Python programs,
-each 6-7 s of imports on a 2-core machine. conftest.served_python_env() gives the variables it reads."""
+each 6-7 s of imports on a 2-core machine. conftest.served_python_env() gives the variables it reads.
+
+It is also the interpreter that multiprocessing's spawn starts in a served run (the async DQN's actor: 6-9 s of
+imports a run): `served_python.py -c CODE --multiprocessing-fork` has the child forked by the server with this
+process's descriptors at their numbers, and the child ends when this process does, even by SIGKILL; the run sees
+this process as its child (its pid, its exit, the signals it is sent)."""
 
 import json
 import os
@@ -11,15 +16,25 @@ import signal
 import socket
 import sys
 
+
+def is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:  # the descriptor that listed them, closed since
+        return False
+
+
 args = sys.argv[1:]
+inherited = [fd for fd in sorted(map(int, os.listdir("/proc/self/fd"))) if fd > 2 and is_open(fd)]
 real_python = os.environ["LEANRL_REAL_PYTHON"]
 read_at_start = json.loads(os.environ["LEANRL_SERVER_READ_AT_START"])  # the server's values of those variables
-if not args or not args[0].endswith(".py") or any(os.environ.get(k) != v for k, v in read_at_start.items()):
+# multiprocessing's spawn: [interpreter flags] -c "... spawn_main(...)" --multiprocessing-fork
+spawned = "-c" in args[:-1] and "spawn_main" in args[args.index("-c") + 1] and args[-1] == "--multiprocessing-fork"
+if not (args and (args[0].endswith(".py") or spawned)) or any(os.environ.get(k) != v for k, v in read_at_start.items()):
     os.execv(real_python, [real_python, *args])
 
 request = {
-    "script": os.path.abspath(args[0]),
-    "args": args[1:],
     "cwd": os.getcwd(),
     "env": dict(os.environ),
     "path_first": [],
@@ -27,9 +42,25 @@ request = {
     "sigint_default": False,
     "file_size_limit": None,
 }
+fds = [0, 1, 2]
+if spawned:
+    for name in ("LEANRL_REAL_PYTHON", "LEANRL_SCRIPT_SERVER", "LEANRL_SERVER_READ_AT_START"):  # the wrapper's
+        request["env"].pop(name)
+    watch, watched = os.pipe()  # its end is the child's sign that this process is gone
+    request.update(
+        code=args[args.index("-c") + 1],
+        args=args[args.index("-c") + 2 :],
+        fd_numbers=inherited,
+        sigint_ignored=signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+    )
+    fds += [*inherited, watch]
+else:
+    request.update(script=os.path.abspath(args[0]), args=args[1:])
 connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 connection.connect(os.environ["LEANRL_SCRIPT_SERVER"])
-socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+socket.send_fds(connection, [json.dumps(request).encode()], fds)
+for fd in fds[3:]:
+    os.close(fd)
 with connection.makefile() as replies:
     pid = json.loads(replies.readline())["pid"]
     for signum in (signal.SIGINT, signal.SIGTERM):  # passed on, as to a process of one's own
