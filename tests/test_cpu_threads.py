@@ -147,6 +147,7 @@ def page_faults(script):
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow  # 30 passes of a CNN in two to four fresh interpreters: 30 s here
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_the_memory_freed_after_a_minibatch_is_kept_for_the_next():
     """By default glibc gives freed blocks back to the OS, and most passes fault their activations and gradients in

@@ -70,7 +70,7 @@ CASES = {
             "--buffer-size",
             400,
             "--train-frequency",
-            1,
+            4,
             "--batch-size",
             32,
         ],
