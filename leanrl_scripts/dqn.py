@@ -147,7 +147,7 @@ class ReplayBuffer:
         self.columns = [obs_dim, 1, 1, obs_dim, 1]
         rows = math.ceil(buffer_size / num_envs) * num_envs  # a step's rows never wrap around
         self.rows = torch.zeros(rows, sum(self.columns), device=device)
-        self.staged = np.zeros((staged_steps * num_envs, sum(self.columns)), np.float32)
+        self.staged = np.zeros((min(staged_steps * num_envs, rows), sum(self.columns)), np.float32)  # one wrap at most
         self.buffer_size, self.num_staged, self.inserted = buffer_size, 0, 0
 
     def add(self, obs, actions, rewards, next_obs, terminations):

@@ -434,17 +434,20 @@ def test_checkpoint_evaluates_to_the_reported_score(workdir):
     assert proc.returncode == 2 and "was trained on CartPole-v1" in proc.stderr
 
 
-def test_the_replay_buffer_samples_the_newest_transitions_through_the_staging_and_the_wrap():
+# (buffer size, envs): the ring wraps around; it holds fewer transitions than are staged (12 or 6 at most), down
+# to one (rows round up to whole steps: 6 rows for 5 transitions of 2 envs)
+@pytest.mark.parametrize("buffer_size, num_envs", [(10, 2), (1, 1), (4, 4), (5, 2)])
+def test_the_replay_buffer_samples_the_newest_transitions_through_the_staging_and_the_wrap(buffer_size, num_envs):
     """Steps wait on the host and reach the device rows when a batch is sampled, in two blocks where they wrap."""
     module = load_script(SCRIPT)
-    rb = module.ReplayBuffer(10, 1, 2, torch.device("cpu"), staged_steps=3)  # 10 rows, 6 staged at most
-    for step in range(17):  # 34 transitions: the staging fills up, and the ring wraps three times
-        values = np.array([[2 * step], [2 * step + 1]], np.float32)
-        rb.add(values, np.array([0, 1]), values[:, 0], values + 0.5, np.array([False, True]))
+    rb = module.ReplayBuffer(buffer_size, 1, num_envs, torch.device("cpu"), staged_steps=3)
+    for step in range(17):  # the staging fills up, and the ring wraps several times
+        values = np.arange(step * num_envs, (step + 1) * num_envs, dtype=np.float32)[:, None]
+        rb.add(values, np.arange(num_envs) % 2, values[:, 0], values + 0.5, np.arange(num_envs) % 2 == 1)
         if step in (0, 4, 16):
             obs, actions, rewards, next_obs, terminations = rb.sample(2000)
-            newest = 2 * step + 2
-            assert set(obs[:, 0].long().tolist()) == set(range(max(0, newest - 10), newest))
+            newest = num_envs * (step + 1)
+            assert set(obs[:, 0].long().tolist()) == set(range(max(0, newest - buffer_size), newest))
             assert torch.equal(rewards, obs[:, 0]) and torch.equal(next_obs, obs + 0.5)
             assert torch.equal(actions, obs[:, 0].long() % 2) and torch.equal(terminations, actions.float())
 
