@@ -117,7 +117,7 @@ def make_envs(env_id, num_envs, seed=0, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except gym.error.Error as error:  # a missing package, a deprecated version, with what to do instead
+    except (gym.error.Error, ImportError) as error:  # a missing package, an old version: what to do instead
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")

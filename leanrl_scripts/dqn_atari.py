@@ -249,7 +249,7 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         envs = gym.vector.SyncVectorEnv(
             [partial(make_gym_env, env_id, render)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
         )
-    except gym.error.Error as error:
+    except (gym.error.Error, ImportError) as error:
         fail(f"unknown env id '{env_id}' for ALE (Atari games look like Breakout-v5): {error}")
     envs.reset(seed=seed)
     return envs

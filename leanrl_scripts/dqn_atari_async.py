@@ -272,7 +272,7 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     try:
         make_env = partial(make_classic_env if classic else make_gym_env, env_id, render)
         envs = gym.vector.SyncVectorEnv([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    except gym.error.Error as error:  # an unknown ALE game, a missing package, a deprecated version
+    except (gym.error.Error, ImportError) as error:  # an unknown ALE game, a missing package, an old version
         fail(f"unknown env id '{env_id}', or it cannot be made: {error}")
     envs.reset(seed=seed)
     return envs

@@ -146,7 +146,7 @@ def env_kind(env_id):
         envpool = None
     try:
         env = gym.make(env_id)
-    except gym.error.Error as error:
+    except (gym.error.Error, ImportError) as error:
         missing = "" if envpool else '; Atari games need envpool: pip install ".[envpool]"'
         fail(
             f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "

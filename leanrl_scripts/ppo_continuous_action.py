@@ -157,7 +157,7 @@ def make_envs(env_id, num_envs, gamma=0.99, training=True, video_folder=None):
             f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry()); "
             "Atari games on envpool run with ppo_atari_envpool.py"
         )
-    except gym.error.Error as error:  # e.g. a deprecated version, with the one to use instead
+    except (gym.error.Error, ImportError) as error:  # an old version, an id moved to another package
         fail(f"{env_id}: {error}")
     return envs
 

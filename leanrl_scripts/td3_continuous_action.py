@@ -118,7 +118,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except gym.error.Error as error:  # e.g. a deprecated version, with the one to use instead
+    except (gym.error.Error, ImportError) as error:  # an old version, an id moved to another package
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has {envs.single_action_space}: this script needs continuous (Box) actions")

@@ -1,5 +1,6 @@
-"""A tiny env with image observations and continuous actions, made through gymnasium's "module:EnvId" ids
-(`tests.image_env:ImageObs-v0`): the scripts must refuse it with a clear error."""
+"""Envs made through gymnasium's "module:EnvId" ids that the scripts must refuse with one clear error line: a tiny env
+with image observations and continuous actions (`tests.image_env:ImageObs-v0`), and an id whose making raises an
+ImportError (`tests.image_env:MovedAway-v0`), as gymnasium's MuJoCo v2 and v3 ids do."""
 
 import gymnasium as gym
 import numpy as np
@@ -21,3 +22,10 @@ class ImageObsEnv(gym.Env):
 
 
 gym.register("ImageObs-v0", entry_point=ImageObsEnv, max_episode_steps=10)
+
+
+def moved_away(render_mode=None):
+    raise ImportError("this env moved to another package: pip install it")
+
+
+gym.register("MovedAway-v0", entry_point=moved_away)

@@ -132,6 +132,7 @@ def test_capture_video_records_the_evaluation(workdir):
         (["--env-id", "CartPole-v1"], "continuous (Box) actions"),
         (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
         (["--env-id", "tests.image_env:ImageObs-v0"], "needs a flat (1-D Box) one"),
+        (["--env-id", "tests.image_env:MovedAway-v0"], "moved to another package"),
         (["--total-timesteps", 0], "--total-timesteps must be positive"),
         (["--total-timesteps", -10], "--total-timesteps must be positive"),
         (["--num-envs", 0], "--num-envs must be positive"),

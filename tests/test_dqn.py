@@ -258,6 +258,7 @@ def test_same_seed_gives_identical_runs(workdir):
     [
         ("dqn.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
         ("dqn.py", ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
+        ("dqn.py", ["--env-id", "tests.image_env:MovedAway-v0"], "moved to another package"),
         ("dqn.py", ["--learning-starts", 10], "must be at least --batch-size"),
         ("dqn_atari.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
         ("dqn_atari.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
