@@ -30,7 +30,8 @@ inherited = [fd for fd in sorted(map(int, os.listdir("/proc/self/fd"))) if fd > 
 real_python = os.environ["LEANRL_REAL_PYTHON"]
 read_at_start = json.loads(os.environ["LEANRL_SERVER_READ_AT_START"])  # the server's values of those variables
 # multiprocessing's spawn: [interpreter flags] -c "... spawn_main(...)" --multiprocessing-fork
-spawned = "-c" in args[:-1] and "spawn_main" in args[args.index("-c") + 1] and args[-1] == "--multiprocessing-fork"
+code_at = args.index("-c") + 1 if "-c" in args[:-1] else None
+spawned = code_at is not None and "spawn_main" in args[code_at] and args[-1] == "--multiprocessing-fork"
 if not (args and (args[0].endswith(".py") or spawned)) or any(os.environ.get(k) != v for k, v in read_at_start.items()):
     os.execv(real_python, [real_python, *args])
 
@@ -48,8 +49,8 @@ if spawned:
         request["env"].pop(name)
     watch, watched = os.pipe()  # its end is the child's sign that this process is gone
     request.update(
-        code=args[args.index("-c") + 1],
-        args=args[args.index("-c") + 2 :],
+        code=args[code_at],
+        args=args[code_at + 1 :],
         fd_numbers=inherited,
         sigint_ignored=signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
     )
