@@ -39,6 +39,7 @@ import tempfile
 import time
 
 import numpy as np
+from references import REFERENCE_REPOS, check_clone, package_versions, write_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("smoke", "quick", "full")
@@ -133,17 +134,6 @@ TASKS = {
 }
 EVAL_EPISODES = {"smoke": 2, "quick": 10, "full": 10}
 
-# The reference scripts run on the same tasks with the same flags (less our --eval-episodes), at fixed commits:
-# side: (repository, commit, folder of its scripts, the repository's files they import, put beside them).
-REFERENCE_REPOS = {
-    "CleanRL": (
-        "vwxyzjn/cleanrl",
-        "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb",
-        "cleanrl",
-        ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"],
-    ),
-    "LeanRL": ("pytorch-labs/LeanRL", "8dbb6336b7f6cc65cdbbeb2e86637c38867e2677", "leanrl", []),
-}
 REFERENCES = {
     "sac_pendulum": [("CleanRL", "sac_continuous_action"), ("LeanRL", "sac_continuous_action_torchcompile")],
     "td3_pendulum": [("CleanRL", "td3_continuous_action"), ("LeanRL", "td3_continuous_action_torchcompile")],
@@ -153,115 +143,6 @@ REFERENCES = {
     "dqn_cartpole": [("CleanRL", "dqn")],
     "ppo_atari_breakout": [("CleanRL", "ppo_atari_envpool")],
 }  # IMPALA has no script in either project
-# Prepended to every reference script: gymnasium 1.x's vector env made to hand out what 0.29's did, for which these
-# scripts were written (the final step's observation and episode statistics in the same step, `final_observation`
-# and `final_info` as one entry per env, None where no episode ended). The scripts' own lines stay as they are.
-GYMNASIUM_029_SHIM = """\
-import gymnasium as _gym
-import numpy as _np
-
-
-def _entry(info, i):
-    return {key: _entry(value, i) if isinstance(value, dict) else value[i]
-            for key, value in info.items() if not key.startswith("_")}
-
-
-class _SyncVectorEnv029(_gym.vector.SyncVectorEnv):
-    def __init__(self, env_fns, **kwargs):
-        super().__init__(env_fns, autoreset_mode=_gym.vector.AutoresetMode.SAME_STEP, **kwargs)
-
-    def step(self, actions):
-        obs, rewards, terminations, truncations, infos = super().step(actions)
-        if "final_obs" in infos:
-            infos["final_observation"] = infos.pop("final_obs")
-            final, ended = infos.pop("final_info"), infos.pop("_final_info")
-            per_env = _np.full(self.num_envs, None, dtype=object)
-            for i in _np.flatnonzero(ended):
-                per_env[i] = _entry(final, i)
-            infos["final_info"] = per_env
-        return obs, rewards, terminations, truncations, infos
-
-
-_gym.vector.SyncVectorEnv = _SyncVectorEnv029
-# (end of the shim; the script follows unchanged but for the lines benchmarks/learning.py lists)
-"""
-# Line patches a script needs beyond the shim: (old, new, why).
-CLIP_OBS_SPACE = (
-    "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
-    "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
-    "gymnasium 1.x's TransformObservation takes the observation space",
-)
-DETACHED_ACTOR_NO_GRAD = (
-    "    from_module(actor).data.to_module(actor_detach)\n",
-    "    from_module(actor).data.to_module(actor_detach)\n    actor_detach.requires_grad_(False)\n",
-    "tensordict 0.14's to_module puts the copied weights back as parameters that require grad",
-)
-REFERENCE_PATCHES = {
-    "sac_continuous_action_torchcompile": [
-        DETACHED_ACTOR_NO_GRAD,
-        (
-            'TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])',
-            "TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], "
-            'in_keys=["observation"], out_keys=["action"])',
-            "tensordict since 0.7 refuses more outputs than out_keys (it had dropped the other two)",
-        ),
-    ],
-    "td3_continuous_action_torchcompile": [DETACHED_ACTOR_NO_GRAD],
-    "ppo_continuous_action": [CLIP_OBS_SPACE],
-    "ppo_continuous_action_torchcompile": [
-        CLIP_OBS_SPACE,
-        (
-            "    agent_inference_p.to_module(agent_inference)\n",
-            "    agent_inference_p.to_module(agent_inference)\n    agent_inference.requires_grad_(False)\n",
-            DETACHED_ACTOR_NO_GRAD[2],
-        ),
-    ],
-    "ppo_atari_envpool": [
-        ("import gym\n", "import gymnasium as gym\n", "gym 0.x is not installed; envpool 1.2 speaks gymnasium"),
-        ('env_type="gym",', 'env_type="gymnasium",', "envpool's gymnasium API"),
-        (
-            "        observations = super().reset(**kwargs)\n",
-            "        observations, _ = super().reset(**kwargs)\n",
-            "gymnasium's reset returns (observations, infos)",
-        ),
-        (
-            "        observations, rewards, dones, infos = super().step(action)\n",
-            "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
-            "        dones = terminations | truncations\n",
-            "gymnasium's step returns terminations and truncations",
-        ),
-        (
-            "    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
-            "    envs.single_observation_space = envs.observation_space\n    envs = RecordEpisodeStatistics(envs)\n",
-            "    envs = RecordEpisodeStatistics(envs)\n    envs.single_action_space = envs.action_space\n"
-            "    envs.single_observation_space = envs.observation_space\n",
-            "envpool's gymnasium env has num_envs and takes no new attributes; the wrapper does",
-        ),
-    ],
-}
-# LeanRL's scripts log to Weights & Biases only, the running mean of the last 20 episodes' returns ("episode_return");
-# this stands in for wandb beside the script and keeps those logs with their step and time.
-WANDB_LOG_STUB = """\
-import json
-import time
-
-_start = time.time()
-
-
-def init(*args, **kwargs):
-    pass
-
-
-def log(data, step=None, **kwargs):
-    if "episode_return" in data:
-        with open("wandb_log.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, "seconds": time.time() - _start,
-                                "episode_return": float(data["episode_return"])}) + "\\n")
-
-
-def finish(*args, **kwargs):
-    pass
-"""
 
 
 def tensorboard_scalars(run_dir):
@@ -280,50 +161,12 @@ def tensorboard_scalars(run_dir):
     return [row.step for row in rows], [row.wall_time - start for row in rows], [row.value for row in rows], losses
 
 
-PACKAGE_VERSIONS = """\
-from importlib.metadata import PackageNotFoundError, version
-names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl"]
-found = []
-for name in names:
-    try:
-        found.append(f"{name} {version(name)}")
-    except PackageNotFoundError:
-        pass
-print(", ".join(found))
-"""
-
-
-def git_show(repo_dir, commit, path):
-    return subprocess.run(
-        ["git", "-C", repo_dir, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True
-    ).stdout
-
-
-def reference_script(side, task, repo_dir):
-    """(its path in the repository, the patched text, the patches' reasons) of `side`'s script for `task`, read at
-    the fixed commit from `repo_dir` (a clone or mirror of the repository)."""
-    name = dict(REFERENCES[task])[side]
-    _, commit, scripts, _ = REFERENCE_REPOS[side]
-    path = f"{scripts}/{name}.py"
-    text = git_show(repo_dir, commit, path)
-    reasons = [
-        "prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
-        "final_observation and final_info (benchmarks/learning.py, GYMNASIUM_029_SHIM)"
-    ]
-    for old, new, why in REFERENCE_PATCHES.get(name, []):
-        if old not in text:
-            raise SystemExit(f"error: {side}'s {path} at {commit[:8]} no longer has the line patched for: {why}")
-        text = text.replace(old, new, 1)
-        reasons.append(f"{old.strip()!r} -> {new.strip()!r}: {why}")
-    return path, GYMNASIUM_029_SHIM + text, reasons
-
-
 def logged_running_means(workdir):
     """(steps, seconds, values) of the stub's wandb log: LeanRL's running mean of the last 20 episodes."""
     rows = []
     if os.path.exists(os.path.join(workdir, "wandb_log.jsonl")):
         with open(os.path.join(workdir, "wandb_log.jsonl")) as f:
-            rows = [row for row in map(json.loads, f) if np.isfinite(row["episode_return"])]
+            rows = [row for row in map(json.loads, f) if np.isfinite(row.get("episode_return", np.nan))]
     return [row["step"] for row in rows], [row["seconds"] for row in rows], [row["episode_return"] for row in rows]
 
 
@@ -341,28 +184,12 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
     with tempfile.TemporaryDirectory() as workdir:
         if side == "ours":
             script = f"leanrl_scripts/{TASKS[task][0]}"
+            path = os.path.join(ROOT, script)
             flags += ["--eval-episodes", str(EVAL_EPISODES[profile])]
         else:
-            script, text, patches = reference_script(side, task, repo_dir)
-            repository, commit, _, support = REFERENCE_REPOS[side]
-            record.update(
-                repository=repository,
-                commit=commit,
-                patches=patches,
-                packages=subprocess.run(
-                    [reference_python, "-c", PACKAGE_VERSIONS], capture_output=True, text=True
-                ).stdout.strip(),
-            )
-            for name, content in [
-                (os.path.basename(script), text),
-                *[(file, git_show(repo_dir, commit, file)) for file in support],
-            ]:
-                os.makedirs(os.path.dirname(os.path.join(workdir, name)), exist_ok=True)
-                with open(os.path.join(workdir, name), "w") as f:
-                    f.write(content)
-            with open(os.path.join(workdir, "wandb.py"), "w") as f:
-                f.write(WANDB_LOG_STUB)
-        path = os.path.join(ROOT, script) if side == "ours" else os.path.join(workdir, os.path.basename(script))
+            path, reference = write_reference(side, dict(REFERENCES[task])[side], repo_dir, workdir)
+            script = reference.pop("script")
+            record.update(reference, packages=package_versions(reference_python))
         command = [python if side == "ours" else reference_python, path, *flags, "--seed", str(seed)]
         started = time.time()
         proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
@@ -590,9 +417,8 @@ def main():
         parser.error("--seeds must be 1 or more")
     clones = {side: getattr(args, side.lower()) for side in REFERENCE_REPOS if getattr(args, side.lower())}
     for side, clone in clones.items():
-        commit = REFERENCE_REPOS[side][1]
-        if subprocess.run(["git", "-C", clone, "cat-file", "-e", commit], capture_output=True).returncode:
-            parser.error(f"--{side.lower()} {clone}: not a clone of {REFERENCE_REPOS[side][0]} with {commit[:8]}")
+        if problem := check_clone(side, clone):
+            parser.error(problem)
     folder = args.results or os.path.join(ROOT, "benchmarks", "results", machine_tag(), "learning")
     os.makedirs(folder, exist_ok=True)
     python = os.environ.get("PYTHON", sys.executable)  # run.sh's, as for its speed runs; else this interpreter

@@ -268,10 +268,10 @@ def test_the_reference_shim_hands_out_what_gymnasium_029_did_against_envs_steppe
     observation handed out is the next episode's first (the same-step autoreset the scripts were written for), and
     the other envs' entries are None. Checked against two envs stepped and reset by hand."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
+    import references
 
     script = (
-        learning.GYMNASIUM_029_SHIM
+        references.GYMNASIUM_029_SHIM
         + """
 import json
 import gymnasium as gym
@@ -369,6 +369,7 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
     the records' own curves; a line the patches need that is gone stops the run with one error."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import learning
+    import references
 
     cleanrl = fake_repository(
         tmp_path / "cleanrl",
@@ -380,12 +381,12 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
     )
     leanrl = fake_repository(tmp_path / "leanrl", {"leanrl/sac_continuous_action_torchcompile.py": FAKE_LEANRL_SAC})
     monkeypatch.setitem(
-        learning.REFERENCE_REPOS,
+        references.REFERENCE_REPOS,
         "CleanRL",
         ("fake/cleanrl", cleanrl, "cleanrl", ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
     )
-    monkeypatch.setitem(learning.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
-    monkeypatch.setitem(learning.REFERENCE_PATCHES, "sac_continuous_action_torchcompile", [])
+    monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
+    monkeypatch.setitem(references.REFERENCE_PATCHES, "sac_continuous_action_torchcompile", [])
     folder = tmp_path / "results"
     for seed in (1, 2):
         learning.run_task(
@@ -433,7 +434,7 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
     assert "CleanRL: dqn.py, its default env" in rows and (folder / "dqn_cartpole.png").stat().st_size > 10_000
     with open(folder / "curves.csv") as f:
         assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "LeanRL"}
-    monkeypatch.setitem(learning.REFERENCE_PATCHES, "dqn", [("a line it lost\n", "", "a fix it needed")])
+    monkeypatch.setitem(references.REFERENCE_PATCHES, "dqn", [("a line it lost\n", "", "a fix it needed")])
     with pytest.raises(SystemExit, match="no longer has the line patched for: a fix it needed"):
         learning.run_task(
             "dqn_cartpole",
@@ -445,3 +446,4 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
             str(tmp_path / "cleanrl"),
             sys.executable,
         )
+

@@ -1,0 +1,201 @@
+"""The reference scripts (CleanRL's and LeanRL's), read from a user's clone at pinned commits and patched at run
+time, never copied into this repository: what benchmarks/learning.py (learning curves) and benchmarks/compare.py
+(speed) both run. A run's record keeps the commit and the reasons of every patch.
+
+They were written for gymnasium 0.29 (and LeanRL's for tensordict of 2024): a shim put before each script makes
+gymnasium 1.x hand out what 0.29 did, and REFERENCE_PATCHES lists the few lines changed beyond it, each with its
+reason. LeanRL's scripts import torchrl (0.14 imports with tensordict 0.15, its C++ extension aside, which these
+scripts do not use) and its plain SAC, TD3 and DQN import stable-baselines3's replay buffer.
+"""
+
+import os
+import subprocess
+
+# The reference scripts run on the same tasks with the same flags (less our --eval-episodes), at fixed commits:
+# side: (repository, commit, folder of its scripts, the repository's files they import, put beside them).
+REFERENCE_REPOS = {
+    "CleanRL": (
+        "vwxyzjn/cleanrl",
+        "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb",
+        "cleanrl",
+        ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"],
+    ),
+    "LeanRL": ("pytorch-labs/LeanRL", "8dbb6336b7f6cc65cdbbeb2e86637c38867e2677", "leanrl", []),
+}
+# Prepended to every reference script: gymnasium 1.x's vector env made to hand out what 0.29's did, for which these
+# scripts were written (the final step's observation and episode statistics in the same step, `final_observation`
+# and `final_info` as one entry per env, None where no episode ended). The scripts' own lines stay as they are.
+GYMNASIUM_029_SHIM = """\
+import gymnasium as _gym
+import numpy as _np
+
+
+def _entry(info, i):
+    return {key: _entry(value, i) if isinstance(value, dict) else value[i]
+            for key, value in info.items() if not key.startswith("_")}
+
+
+class _SyncVectorEnv029(_gym.vector.SyncVectorEnv):
+    def __init__(self, env_fns, **kwargs):
+        super().__init__(env_fns, autoreset_mode=_gym.vector.AutoresetMode.SAME_STEP, **kwargs)
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, infos = super().step(actions)
+        if "final_obs" in infos:
+            infos["final_observation"] = infos.pop("final_obs")
+            final, ended = infos.pop("final_info"), infos.pop("_final_info")
+            per_env = _np.full(self.num_envs, None, dtype=object)
+            for i in _np.flatnonzero(ended):
+                per_env[i] = _entry(final, i)
+            infos["final_info"] = per_env
+        return obs, rewards, terminations, truncations, infos
+
+
+_gym.vector.SyncVectorEnv = _SyncVectorEnv029
+# (end of the shim; the script follows unchanged but for the lines benchmarks/learning.py lists)
+"""
+# Line patches a script needs beyond the shim: (old, new, why).
+CLIP_OBS_SPACE = (
+    "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+    "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+    "gymnasium 1.x's TransformObservation takes the observation space",
+)
+DETACHED_ACTOR_NO_GRAD = (
+    "    from_module(actor).data.to_module(actor_detach)\n",
+    "    from_module(actor).data.to_module(actor_detach)\n    actor_detach.requires_grad_(False)\n",
+    "tensordict 0.14's to_module puts the copied weights back as parameters that require grad",
+)
+REFERENCE_PATCHES = {
+    "sac_continuous_action_torchcompile": [
+        DETACHED_ACTOR_NO_GRAD,
+        (
+            'TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])',
+            "TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], "
+            'in_keys=["observation"], out_keys=["action"])',
+            "tensordict since 0.7 refuses more outputs than out_keys (it had dropped the other two)",
+        ),
+    ],
+    "td3_continuous_action_torchcompile": [DETACHED_ACTOR_NO_GRAD],
+    "ppo_continuous_action": [CLIP_OBS_SPACE],
+    "ppo_continuous_action_torchcompile": [
+        CLIP_OBS_SPACE,
+        (
+            "    agent_inference_p.to_module(agent_inference)\n",
+            "    agent_inference_p.to_module(agent_inference)\n    agent_inference.requires_grad_(False)\n",
+            DETACHED_ACTOR_NO_GRAD[2],
+        ),
+    ],
+    "ppo_atari_envpool": [
+        ("import gym\n", "import gymnasium as gym\n", "gym 0.x is not installed; envpool 1.2 speaks gymnasium"),
+        ('env_type="gym",', 'env_type="gymnasium",', "envpool's gymnasium API"),
+        (
+            "        observations = super().reset(**kwargs)\n",
+            "        observations, _ = super().reset(**kwargs)\n",
+            "gymnasium's reset returns (observations, infos)",
+        ),
+        (
+            "        observations, rewards, dones, infos = super().step(action)\n",
+            "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
+            "        dones = terminations | truncations\n",
+            "gymnasium's step returns terminations and truncations",
+        ),
+        (
+            "    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
+            "    envs.single_observation_space = envs.observation_space\n    envs = RecordEpisodeStatistics(envs)\n",
+            "    envs = RecordEpisodeStatistics(envs)\n    envs.single_action_space = envs.action_space\n"
+            "    envs.single_observation_space = envs.observation_space\n",
+            "envpool's gymnasium env has num_envs and takes no new attributes; the wrapper does",
+        ),
+    ],
+}
+# LeanRL's PPO Atari scripts (plain and compiled) have CleanRL's env set-up lines, so the same patches
+REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"]
+# LeanRL's scripts log to Weights & Biases only: the running mean of the last 20 episodes' returns
+# ("episode_return") and the steady steps per second since its burn-in ("speed"). This stands in for wandb beside
+# the script and keeps those values with their step and time.
+WANDB_LOG_STUB = """\
+import json
+import time
+
+_start = time.time()
+
+
+def init(*args, **kwargs):
+    pass
+
+
+def log(data, step=None, **kwargs):
+    kept = {key: float(data[key]) for key in ("episode_return", "speed") if key in data}
+    if kept:
+        with open("wandb_log.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "seconds": time.time() - _start, **kept}) + "\\n")
+
+
+def finish(*args, **kwargs):
+    pass
+"""
+
+
+PACKAGE_VERSIONS = """\
+from importlib.metadata import PackageNotFoundError, version
+names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl"]
+found = []
+for name in names:
+    try:
+        found.append(f"{name} {version(name)}")
+    except PackageNotFoundError:
+        pass
+print(", ".join(found))
+"""
+
+
+def git_show(repo_dir, commit, path):
+    return subprocess.run(
+        ["git", "-C", repo_dir, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def reference_script(side, name, repo_dir):
+    """(its path in the repository, the patched text, the patches' reasons) of `side`'s script `name` (no .py),
+    read at the pinned commit from `repo_dir` (a clone or mirror of the repository)."""
+    _, commit, scripts, _ = REFERENCE_REPOS[side]
+    path = f"{scripts}/{name}.py"
+    text = git_show(repo_dir, commit, path)
+    reasons = [
+        "prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
+        "final_observation and final_info (benchmarks/references.py, GYMNASIUM_029_SHIM)"
+    ]
+    for old, new, why in REFERENCE_PATCHES.get(name, []):
+        if old not in text:
+            raise SystemExit(f"error: {side}'s {path} at {commit[:8]} no longer has the line patched for: {why}")
+        text = text.replace(old, new, 1)
+        reasons.append(f"{old.strip()!r} -> {new.strip()!r}: {why}")
+    return path, GYMNASIUM_029_SHIM + text, reasons
+
+
+def write_reference(side, name, repo_dir, workdir):
+    """Puts `side`'s patched script `name`, the repository files it imports and the wandb stand-in into `workdir`;
+    returns (the script's path there, a record: repository, commit, script, patches)."""
+    repository, commit, _, support = REFERENCE_REPOS[side]
+    path, text, patches = reference_script(side, name, repo_dir)
+    files = [(os.path.basename(path), text), *[(file, git_show(repo_dir, commit, file)) for file in support]]
+    files.append(("wandb.py", WANDB_LOG_STUB))
+    for file, content in files:
+        os.makedirs(os.path.dirname(os.path.join(workdir, file)), exist_ok=True)
+        with open(os.path.join(workdir, file), "w") as f:
+            f.write(content)
+    record = {"repository": repository, "commit": commit, "script": path, "patches": patches}
+    return os.path.join(workdir, os.path.basename(path)), record
+
+
+def package_versions(python):
+    """The versions `python` sees of the packages a run's speed and results depend on, as one line."""
+    return subprocess.run([python, "-c", PACKAGE_VERSIONS], capture_output=True, text=True).stdout.strip()
+
+
+def check_clone(side, clone):
+    """None when `clone` holds `side`'s pinned commit, else the one line that says what is wrong."""
+    repository, commit, _, _ = REFERENCE_REPOS[side]
+    if subprocess.run(["git", "-C", clone, "cat-file", "-e", commit], capture_output=True).returncode:
+        return f"--{side.lower()} {clone}: not a clone of {repository} with {commit[:8]}"
+    return None
