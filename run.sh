@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Reproduce every speed table: each benchmarks/<algo>.sh in every mode, then the collector; or, with --learning,
-# the learning curves over seeds (benchmarks/learning.py).
+# the learning curves over seeds (benchmarks/learning.py); or, with --compare, ours beside LeanRL's and CleanRL's
+# scripts (benchmarks/compare.py).
 set -euo pipefail
 usage() {
     cat <<'TEXT'
 usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]]
                [--quick | --smoke] [--results FOLDER]
+       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--rounds N]
+               [--budget-minutes M] [--quick | --smoke] [--results FOLDER]
 Runs every script in every speed mode (benchmarks/<algo>.sh), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
@@ -19,13 +22,18 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
   --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
   --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
+  --compare          ours beside LeanRL's and CleanRL's scripts of the same names, every mode, same flags,
+                     alternating, one JSON line per run in FOLDER/compare/runs.jsonl; a second call goes on
+                     where the first stopped; then FOLDER/compare/compare.md and compare.png
+  --rounds N         with --compare: rounds of every run, medians over them (default 3)
+  --budget-minutes M with --compare: start no run that would not end within M minutes
   -h, --help         this text
   MODES="eager compile" ./run.sh ...   only those modes (default: all four)
 TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
 export BENCH_PROFILE=full
-learning=0 seeds=3 seeds_given=0 references=()
+learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -33,6 +41,10 @@ while [ $# -gt 0 ]; do
         --smoke) BENCH_PROFILE=smoke ;;
         --results) [ $# -ge 2 ] || refuse "--results needs a folder"; export RESULTS_DIR=$(realpath -m -- "$2"); shift ;;
         --learning) learning=1 ;;
+        --compare) compare=1 ;;
+        --rounds|--budget-minutes)
+            [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
+            compare_args+=("$1" "$2"); shift ;;
         --cleanrl|--leanrl|--reference-python)
             [ $# -ge 2 ] || refuse "$1 needs a value"; references+=("$1" "$2"); shift ;;
         --seeds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || refuse "--seeds needs a whole number, 1 or more"; seeds=$2 seeds_given=1; shift ;;
@@ -41,11 +53,19 @@ while [ $# -gt 0 ]; do
     shift
 done
 if [ "$seeds_given" = 1 ] && [ "$learning" = 0 ]; then refuse "--seeds counts the seeds of --learning"; fi
-if [ ${#references[@]} -gt 0 ] && [ "$learning" = 0 ]; then refuse "${references[0]} is an option of --learning"; fi
+if [ "$learning" = 1 ] && [ "$compare" = 1 ]; then refuse "--learning and --compare are two runs: one at a time"; fi
+if [ ${#references[@]} -gt 0 ] && [ "$learning" = 0 ] && [ "$compare" = 0 ]; then
+    refuse "${references[0]} is an option of --learning and --compare"
+fi
+if [ ${#compare_args[@]} -gt 0 ] && [ "$compare" = 0 ]; then refuse "${compare_args[0]} is an option of --compare"; fi
 cd "$(dirname "$0")"
 if [ "$BENCH_PROFILE" = smoke ] && [ -z "${RESULTS_DIR:-}" ]; then export RESULTS_DIR=$(mktemp -d); fi
 source benchmarks/lib.sh  # picks the machine's results folder unless one was given
 export RESULTS_DIR PYTHON
+if [ "$compare" = 1 ]; then
+    exec "$PYTHON" benchmarks/compare.py --profile "$BENCH_PROFILE" --results "$RESULTS_DIR/compare" \
+        ${references[@]+"${references[@]}"} ${compare_args[@]+"${compare_args[@]}"}
+fi
 if [ "$learning" = 1 ]; then
     exec "$PYTHON" benchmarks/learning.py --profile "$BENCH_PROFILE" --seeds "$seeds" --results "$RESULTS_DIR/learning" \
         ${references[@]+"${references[@]}"}

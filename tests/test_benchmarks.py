@@ -447,3 +447,102 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
             sys.executable,
         )
 
+
+FAKE_OURS_FOR_SPEED = """\
+# stands in for one of our scripts: its SPEED line, faster compiled and with more threads
+import json
+import sys
+
+threads = int(sys.argv[sys.argv.index("--torch-threads") + 1]) if "--torch-threads" in sys.argv else 2
+sps = 100.0 * (2 if "--compile" in sys.argv else 1) + threads
+print("SPEED " + json.dumps({"sps": sps, "warmup_seconds": 1.5, "torch_threads": threads, "device": "cpu"}))
+"""
+FAKE_LEANRL_FOR_SPEED = """\
+# stands in for LeanRL's scripts: the speed since its burn-in, logged to wandb; 30 plain, 60 compiled
+import sys
+import wandb
+
+for step in range(0, 1000, 100):
+    wandb.log({"speed": 60.0 if "--compile" in sys.argv else 30.0}, step=step)
+"""
+FAKE_CLEANRL_FOR_SPEED = """\
+# stands in for CleanRL's scripts: SPS points to TensorBoard, 40 steps a second by their wall times after learning
+# starts, 1000 a second before (its random steps)
+from torch.utils.tensorboard import SummaryWriter
+
+writer = SummaryWriter("runs/fake")
+for step in range(100, 1100, 100):
+    writer.add_scalar("charts/SPS", 1, step, walltime=1e9 + (step / 1000 if step <= 200 else 0.2 + (step - 200) / 40))
+writer.close()
+"""
+
+
+def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_sides(tmp_path, monkeypatch, capsys):
+    """`./run.sh --compare`'s sweep against fake clones and a fake script of ours: headline runs first, the first
+    side swapping each round; every run one JSON line the moment it ends; a second call runs only what is missing;
+    a budget too small for any run starts none; SPS read the way each side reports it (ours' summary, LeanRL's
+    logged speed, CleanRL's TensorBoard wall times after learning starts); the table's best settings and ratios."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import compare
+    import references
+    from compare import run_key
+
+    ours_root = tmp_path / "ours"
+    (ours_root / "leanrl_scripts").mkdir(parents=True)
+    (ours_root / "leanrl_scripts" / "fake.py").write_text(FAKE_OURS_FOR_SPEED)
+    leanrl = fake_repository(
+        tmp_path / "leanrl",
+        {"leanrl/fake_plain.py": FAKE_LEANRL_FOR_SPEED, "leanrl/fake_compiled.py": FAKE_LEANRL_FOR_SPEED},
+    )
+    cleanrl = fake_repository(tmp_path / "cleanrl", {"cleanrl/fake.py": FAKE_CLEANRL_FOR_SPEED})
+    monkeypatch.setattr(compare, "ROOT", str(ours_root))
+    monkeypatch.setattr(
+        compare,
+        "ROWS",
+        {"fake": ("fake.py", "fake_plain", "fake_compiled", "fake", {"smoke": ["--learning-starts", "200"]})},
+    )
+    monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
+    monkeypatch.setitem(references.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl", []))
+    monkeypatch.delenv("PYTHON", raising=False)
+
+    order = compare.plan(["fake"], rounds=2, cuda=False)
+    assert len(order) == 24 and [run[1] for run in order[:3]] == ["ours", "leanrl", "cleanrl"]
+    assert order[0][2:5] == ("fake.py", "eager", "default") and order[1][2:5] == ("fake_compiled", "compile", 1)
+    assert [run[1] for run in order[12:15]] == ["cleanrl", "leanrl", "ours"]  # round 2: the first side swapped
+    assert {run[3] for run in order if run[1] == "ours"} == {"eager", "compile"}  # no cudagraphs rows on a CPU
+    cuda_order = compare.plan(["fake"], rounds=1, cuda=True)
+    assert cuda_order[0][3] == "compile+cudagraphs" and {run[4] for run in cuda_order if run[1] != "ours"} == {1}
+
+    results = tmp_path / "results"
+    argv = ["compare.py", "--leanrl", str(tmp_path / "leanrl"), "--cleanrl", str(tmp_path / "cleanrl")]
+    argv += ["--profile", "smoke", "--rounds", "1", "--results", str(results)]
+    monkeypatch.setattr(sys, "argv", argv + ["--budget-minutes", "0.001"])
+    compare.main()
+    assert "left for a later call" in capsys.readouterr().out and not (results / "runs.jsonl").exists()
+
+    monkeypatch.setattr(sys, "argv", argv)
+    compare.main()
+    records = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
+    assert [(r["side"], r["script"], r["mode"], r["threads"]) for r in records] == [run[1:5] for run in order[:12]]
+    sps = {(r["side"], r["mode"], r["threads"]): r["sps"] for r in records}
+    assert sps["ours", "compile", 1] == 201 and sps["ours", "eager", "default"] == 102
+    assert sps["leanrl", "compile", 2] == 60 and sps["leanrl", "eager", 1] == 30
+    assert sps["cleanrl", "eager", 1] == pytest.approx(40, rel=1e-3)
+    assert all(r["commit"] == (leanrl if r["side"] == "leanrl" else cleanrl) for r in records if r["side"] != "ours")
+    assert all(r["patches"] and r["script_path"].startswith(r["side"]) for r in records if r["side"] != "ours")
+    table = (results / "compare.md").read_text()
+    assert (
+        "| fake | 202 (compile, its default threads) | 60 (compile, 1 thread) | 40 (eager, 1 thread) | 3.37x | 5.05x |"
+        in table
+    )
+
+    lines = (results / "runs.jsonl").read_text().splitlines()
+    (results / "runs.jsonl").write_text("\n".join(lines[:-2]) + "\n")  # a sweep cut off two runs before its end
+    capsys.readouterr()
+    compare.main()
+    again = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
+    assert len(again) == 12 and [run_key(r) for r in again[-2:]] == [run_key(r) for r in records[-2:]]
+    assert [line for line in capsys.readouterr().out.splitlines() if " SPS" in line and "round 1:" in line] == [
+        "fake leanrl fake_plain eager 2 threads round 1: 30.0 SPS",
+        "fake cleanrl fake eager 2 threads round 1: 40.0 SPS",
+    ]  # only the two missing runs

@@ -72,7 +72,9 @@ def test_run_sh_help_prints_its_usage(flag):
     assert proc.returncode == 0 and proc.stdout.startswith("usage: ./run.sh") and "--results" in proc.stdout
 
 
-@pytest.mark.parametrize("args", [["some_folder"], ["--fast"], ["--results"]])
+@pytest.mark.parametrize(
+    "args", [["some_folder"], ["--fast"], ["--results"], ["--rounds", "2"], ["--compare", "--learning"]]
+)
 def test_run_sh_refuses_what_it_does_not_know_before_any_work(args, tmp_path):
     proc = run_sh(*args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "usage: ./run.sh" in proc.stderr
