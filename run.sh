@@ -8,7 +8,7 @@ usage() {
 usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]]
                [--quick | --smoke] [--results FOLDER]
        ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--rounds N]
-               [--budget-minutes M] [--quick | --smoke] [--results FOLDER]
+               [--budget-minutes M] [--run-timeout S] [--quick | --smoke] [--results FOLDER]
 Runs every script in every speed mode (benchmarks/<algo>.sh), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
@@ -27,6 +27,7 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
                      where the first stopped; then FOLDER/compare/compare.md and compare.png
   --rounds N         with --compare: rounds of every run, medians over them (default 3)
   --budget-minutes M with --compare: start no run that would not end within M minutes
+  --run-timeout S    with --compare: stop a run after S seconds (it is recorded as stopped)
   -h, --help         this text
   MODES="eager compile" ./run.sh ...   only those modes (default: all four)
 TEXT
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
         --results) [ $# -ge 2 ] || refuse "--results needs a folder"; export RESULTS_DIR=$(realpath -m -- "$2"); shift ;;
         --learning) learning=1 ;;
         --compare) compare=1 ;;
-        --rounds|--budget-minutes)
+        --rounds|--budget-minutes|--run-timeout)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             compare_args+=("$1" "$2"); shift ;;
         --cleanrl|--leanrl|--reference-python)
