@@ -1,17 +1,26 @@
 """Turn a folder of run summaries into speed tables (markdown) and a bar chart (PNG).
 
     python benchmarks/collect.py benchmarks/results/<machine-tag>
+    python benchmarks/collect.py --readme     (the README's comparison tables, from the results files)
 reads NAME__MODE.json (the SPEED summaries that benchmarks/<algo>.sh saved), NAME__env_only.json, and
 reference.json when there is one ({NAME: {"LeanRL --compile": SPS, ...}}: the reference scripts measured on the
 same machine kind, with where each figure was measured), writes speed.md and speed.png into that folder, and
 prints the markdown.
+
+With --readme it rewrites each block of README.md between `<!-- compare:TAG -->` and `<!-- /compare:TAG -->` from
+benchmarks/results/TAG/compare/runs.jsonl (`./run.sh --compare`'s records), so that the README's speed tables are
+the results files' numbers; tests/test_benchmarks.py fails when they differ.
 """
 
 import glob
 import json
 import math
 import os
+import re
 import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README_BLOCK = re.compile(r"(<!-- compare:([\w.-]+) -->\n)(.*?)(<!-- /compare:\2 -->)", re.S)
 
 MODES = ["eager", "compile", "cudagraphs", "compile+cudagraphs"]
 MODE_COLORS = dict(zip(MODES, ["#888888", "#4c72b0", "#55a868", "#c44e52"]))  # a mode's colour in every panel
@@ -203,8 +212,39 @@ def main(folder):
     return 0
 
 
+def readme_block(tag):
+    """The README's comparison table of the machine whose results are in benchmarks/results/TAG/compare."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compare import best_settings, each, load_runs, medians
+
+    folder = os.path.join("benchmarks", "results", tag, "compare")
+    records = load_runs(os.path.join(ROOT, folder, "runs.jsonl"))
+    counts = sorted({count for _, count in medians(records).values()}) or [0]
+    runs = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+    lines = [
+        f"{each(records, 'machine')}; {each(records, 'date')}; steady SPS, "
+        + ("one run per setting" if counts[-1] == 1 else f"the median of each setting's {runs} runs")
+        + ", alternating, each side at its best mode and threads "
+        f"([every run, the versions and the patches]({folder}/compare.md)):",
+        "",
+        *best_settings(records)[0],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(path=None):
+    path = path or os.path.join(ROOT, "README.md")
+    with open(path) as f:
+        text = f.read()
+    text = README_BLOCK.sub(lambda m: m.group(1) + readme_block(m.group(2)) + m.group(4), text)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--readme"]:
+        sys.exit(update_readme())
     if len(sys.argv) != 2:
-        print("usage: python benchmarks/collect.py RESULTS_FOLDER", file=sys.stderr)
+        print("usage: python benchmarks/collect.py RESULTS_FOLDER | --readme", file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1]))

@@ -68,6 +68,7 @@ ROWS = {
     }),
 }  # fmt: skip
 # a run's seconds before any record says better (a compiling run: twice), on a CPU and on CUDA
+TITLES = {"sac": "SAC", "td3": "TD3", "ppo_continuous": "PPO continuous", "dqn": "DQN", "ppo_atari": "PPO Atari"}
 GUESS_SECONDS = {False: {"smoke": 30, "quick": 90, "full": 240}, True: {"smoke": 30, "quick": 60, "full": 120}}
 SIDES = ("ours", "leanrl", "cleanrl")
 
@@ -227,6 +228,35 @@ def each(records, key, length=None):
     return "; ".join(sorted({str(r[key])[:length] for r in records})) or "none"
 
 
+def env_of(records, row):
+    """The env id the row's runs took, from their commands."""
+    words = next((r["command"].split() for r in records if r["row"] == row and "--env-id" in r["command"]), [])
+    return words[words.index("--env-id") + 1] if words else "its default env"
+
+
+def best_settings(records):
+    """The table of each row's best setting per side and the ratios (compare.md's first, the README's), and
+    {(row, side): SPS}."""
+    table = medians(records)
+    lines = ["| script | ours: best | LeanRL: best | CleanRL: best | ours / LeanRL | ours / CleanRL |"]
+    lines.append("| --- | --- | --- | --- | ---: | ---: |")
+    best = {}
+    for row in [row for row in ROWS if any(key[0] == row for key in table)]:
+        cells = []
+        for side in SIDES:
+            found = [(sps, key) for key, (sps, _) in table.items() if key[0] == row and key[1] == side]
+            sps, key = max(found, key=lambda item: item[0]) if found else (None, None)
+            best[row, side] = sps
+            tried = any((r["row"], r["side"]) == (row, side) for r in records)
+            cells.append(f"{sps:.0f} ({key[3]}, {thread_words(key[4])})" if found else "no SPS" if tried else "-")
+        ratios = [
+            f"{best[row, 'ours'] / best[row, side]:.2f}x" if best[row, "ours"] and best[row, side] else "-"
+            for side in ("leanrl", "cleanrl")
+        ]
+        lines.append(f"| {TITLES.get(row, row)}, {env_of(records, row)} | " + " | ".join(cells + ratios) + " |")
+    return lines, best
+
+
 def write_tables(folder, records):
     """compare.md and compare.png from the records: per row each side's best setting and the ratios, then every
     setting's median."""
@@ -241,21 +271,8 @@ def write_tables(folder, records):
         "Made by `python benchmarks/compare.py` (`./run.sh --compare`); every run's command, SPS and time is a line "
         "of runs.jsonl beside this page."
     )
-    lines += ["", "| row | ours: best | LeanRL: best | CleanRL: best | ours / LeanRL | ours / CleanRL |"]
-    lines.append("| --- | --- | --- | --- | ---: | ---: |")
-    best = {}
-    for row in rows:
-        cells = []
-        for side in SIDES:
-            found = [(sps, key) for key, (sps, _) in table.items() if key[0] == row and key[1] == side]
-            sps, key = max(found, key=lambda item: item[0]) if found else (None, None)
-            best[row, side] = sps
-            cells.append(f"{sps:.0f} ({key[3]}, {thread_words(key[4])})" if found else "-")
-        ratios = [
-            f"{best[row, 'ours'] / best[row, side]:.2f}x" if best[row, "ours"] and best[row, side] else "-"
-            for side in ("leanrl", "cleanrl")
-        ]
-        lines.append(f"| {row} | " + " | ".join(cells + ratios) + " |")
+    best_lines, best = best_settings(records)
+    lines += [""] + best_lines
     lines += ["", "Every setting, median SPS over the rounds that gave one:", ""]
     lines += ["| row | side | script | mode | threads | SPS | rounds | warm-up s (ours) |"]
     lines += ["| --- " * 5 + "| ---: " * 3 + "|"]

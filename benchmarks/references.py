@@ -108,8 +108,11 @@ REFERENCE_PATCHES = {
         ),
     ],
 }
-# LeanRL's PPO Atari scripts (plain and compiled) have CleanRL's env set-up lines, so the same patches
-REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"]
+# LeanRL's PPO Atari scripts (plain and compiled) have CleanRL's env set-up lines, so the same patches; its compiled
+# one also the copy of the weights for acting (else a rollout's graph holds them and the update backs through twice)
+REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"] + [
+    REFERENCE_PATCHES["ppo_continuous_action_torchcompile"][1]
+]
 # LeanRL's scripts log to Weights & Biases only: the running mean of the last 20 episodes' returns
 # ("episode_return") and the steady steps per second since its burn-in ("speed"). This stands in for wandb beside
 # the script and keeps those values with their step and time.

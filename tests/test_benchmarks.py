@@ -532,9 +532,9 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
     assert all(r["patches"] and r["script_path"].startswith(r["side"]) for r in records if r["side"] != "ours")
     table = (results / "compare.md").read_text()
     assert (
-        "| fake | 202 (compile, its default threads) | 60 (compile, 1 thread) | 40 (eager, 1 thread) | 3.37x | 5.05x |"
-        in table
-    )
+        "| fake, its default env | 202 (compile, its default threads) | 60 (compile, 1 thread) | 40 (eager, 1 thread) "
+        "| 3.37x | 5.05x |"
+    ) in table
 
     lines = (results / "runs.jsonl").read_text().splitlines()
     (results / "runs.jsonl").write_text("\n".join(lines[:-2]) + "\n")  # a sweep cut off two runs before its end
@@ -546,3 +546,16 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
         "fake leanrl fake_plain eager 2 threads round 1: 30.0 SPS",
         "fake cleanrl fake eager 2 threads round 1: 40.0 SPS",
     ]  # only the two missing runs
+
+
+def test_the_readme_speed_tables_are_the_results_files():
+    """The README's comparison tables are what `benchmarks/collect.py --readme` makes of the results files: a number
+    typed by hand, or results that changed without the README, fail here."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import collect
+
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = collect.README_BLOCK.findall(f.read())
+    assert {tag for _, tag, _, _ in blocks} == {"cpu-2core", "nvidia-h200"}
+    for _, tag, body, _ in blocks:
+        assert body == collect.readme_block(tag), f"README's {tag} table: run python benchmarks/collect.py --readme"
