@@ -10,8 +10,14 @@ import pytest
 from conftest import ROOT, SCRIPTS, run_script
 
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
-# Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py.
+# Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py,
+# benchmarks/collect.py.
 OTHER_COMMANDS = {
+    "--compare",
+    "--rounds",
+    "--budget-minutes",
+    "--run-timeout",
+    "--readme",
     "--head",
     "--address",
     "--force",
