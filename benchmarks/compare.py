@@ -26,6 +26,7 @@ import glob
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -169,13 +170,20 @@ def run_one(args, clones, row, side, script, mode, threads, limit):
         command += ["--seed", "1"]
         record["command"] = " ".join(os.path.relpath(c, workdir) if c.startswith(workdir) else c for c in command)
         started = time.time()
+        # its own process group, so that a stopped run (the cap, Ctrl-C) takes its compile workers with it
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        proc = subprocess.Popen(command, cwd=workdir, env=env, text=True, start_new_session=True, **pipes)
         try:
-            proc = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=limit)
-        except subprocess.TimeoutExpired:
+            stdout, stderr = proc.communicate(timeout=limit)
+        except BaseException as stop:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if not isinstance(stop, subprocess.TimeoutExpired):
+                raise
             return {**record, "sps": None, "seconds": time.time() - started, "error": f"stopped after {limit:.0f} s"}
         record["seconds"] = time.time() - started
         if side == "ours":
-            speed = [line for line in proc.stdout.splitlines() if line.startswith("SPEED ")]
+            speed = [line for line in stdout.splitlines() if line.startswith("SPEED ")]
             summary = json.loads(speed[-1][len("SPEED ") :]) if speed else {}
             record.update(sps=summary.get("sps"), warmup_seconds=summary.get("warmup_seconds"))
             record.update(torch_threads=summary.get("torch_threads"), device=summary.get("device"))
@@ -185,7 +193,7 @@ def run_one(args, clones, row, side, script, mode, threads, limit):
             starts = int(flags[flags.index("--learning-starts") + 1]) if "--learning-starts" in flags else 0
             record["sps"] = cleanrl_steady_sps(workdir, starts)
         if proc.returncode:
-            tail = [line for line in proc.stderr.strip().splitlines() if "Warning" not in line][-2:]
+            tail = [line for line in stderr.strip().splitlines() if "Warning" not in line][-2:]
             record.update(sps=None, error=f"exit code {proc.returncode}: " + " / ".join(tail)[-600:])
         elif record["sps"] is None:
             record["error"] = "it ended without a steady SPS: a budget too short for its burn-in"
@@ -203,9 +211,12 @@ def machine():
         cpu = names[0] if names else cpu
     words = f"{cpu}, {os.cpu_count()} cores"
     if torch.cuda.is_available():
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        ).stdout.strip()
+        try:
+            driver = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            ).stdout.strip()
+        except OSError:
+            driver = ""
         words += f", {torch.cuda.get_device_name(0)} (driver {driver or 'unknown'})"
     return words
 

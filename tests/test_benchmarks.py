@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -452,6 +453,7 @@ FAKE_OURS_FOR_SPEED = """\
 # stands in for one of our scripts: its SPEED line, faster compiled and with more threads
 import json
 import sys
+import time
 
 threads = int(sys.argv[sys.argv.index("--torch-threads") + 1]) if "--torch-threads" in sys.argv else 2
 sps = 100.0 * (2 if "--compile" in sys.argv else 1) + threads
@@ -460,6 +462,7 @@ print("SPEED " + json.dumps({"sps": sps, "warmup_seconds": 1.5, "torch_threads":
 FAKE_LEANRL_FOR_SPEED = """\
 # stands in for LeanRL's scripts: the speed since its burn-in, logged to wandb; 30 plain, 60 compiled
 import sys
+import time
 import wandb
 
 for step in range(0, 1000, 100):
@@ -559,3 +562,29 @@ def test_the_readme_speed_tables_are_the_results_files():
     assert {tag for _, tag, _, _ in blocks} == {"cpu-2core", "nvidia-h200"}
     for _, tag, body, _ in blocks:
         assert body == collect.readme_block(tag), f"README's {tag} table: run python benchmarks/collect.py --readme"
+
+
+def test_a_run_the_comparison_stops_takes_its_child_processes_with_it(tmp_path, monkeypatch):
+    """A run past --run-timeout is recorded as stopped, and the processes it started (a compiler's workers) end with
+    it: nothing is left running."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import argparse
+
+    import compare
+
+    (tmp_path / "leanrl_scripts").mkdir()
+    (tmp_path / "leanrl_scripts" / "stuck.py").write_text(
+        "import subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        f"open({str(tmp_path / 'child.pid')!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setattr(compare, "ROOT", str(tmp_path))
+    monkeypatch.setattr(compare, "ROWS", {"stuck": ("stuck.py", "", "", "", {"smoke": []})})
+    args = argparse.Namespace(profile="smoke", python=sys.executable)
+    record = compare.run_one(args, {}, "stuck", "ours", "stuck.py", "eager", "default", limit=3)
+    assert record["sps"] is None and record["error"] == "stopped after 3 s"
+    child = int((tmp_path / "child.pid").read_text())
+    time.sleep(0.5)
+    stat = f"/proc/{child}/stat"
+    assert not os.path.exists(stat) or open(stat).read().split(")")[-1].split()[0] == "Z"  # gone, or dead unreaped
