@@ -68,8 +68,8 @@ ROWS = {
         "smoke": ["--env-id", "Breakout-v5", "--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "64"],
     }),
 }  # fmt: skip
-# a run's seconds before any record says better (a compiling run: twice), on a CPU and on CUDA
 TITLES = {"sac": "SAC", "td3": "TD3", "ppo_continuous": "PPO continuous", "dqn": "DQN", "ppo_atari": "PPO Atari"}
+# a run's seconds before any record says better (a compiling run: twice), on a CPU and on CUDA
 GUESS_SECONDS = {False: {"smoke": 30, "quick": 90, "full": 240}, True: {"smoke": 30, "quick": 60, "full": 120}}
 SIDES = ("ours", "leanrl", "cleanrl")
 
@@ -158,16 +158,14 @@ def run_one(args, clones, row, side, script, mode, threads, limit):
     with tempfile.TemporaryDirectory() as workdir:
         if side == "ours":
             command = [args.python, os.path.join(ROOT, "leanrl_scripts", script), *flags, "--eval-episodes", "0"]
-            command += ["--compile"] * ("compile" in mode) + ["--cudagraphs"] * ("cudagraphs" in mode)
             command += [] if threads == "default" else ["--torch-threads", str(threads)]
         else:
             name = "LeanRL" if side == "leanrl" else "CleanRL"
             path, record = write_reference(name, script, clones[side], workdir)
             record["script_path"] = record.pop("script")
             command = [args.reference_python, path, *flags]
-            command += ["--compile"] * ("compile" in mode) + ["--cudagraphs"] * ("cudagraphs" in mode)
             env["OMP_NUM_THREADS"] = str(threads)
-        command += ["--seed", "1"]
+        command += ["--compile"] * ("compile" in mode) + ["--cudagraphs"] * ("cudagraphs" in mode) + ["--seed", "1"]
         record["command"] = " ".join(os.path.relpath(c, workdir) if c.startswith(workdir) else c for c in command)
         started = time.time()
         # its own process group, so that a stopped run (the cap, Ctrl-C) takes its compile workers with it
