@@ -4,7 +4,7 @@
     python benchmarks/collect.py --readme     (the README's comparison tables, from the results files)
 reads NAME__MODE.json (the SPEED summaries that benchmarks/<algo>.sh saved), NAME__env_only.json, and
 reference.json when there is one ({NAME: {"LeanRL --compile": SPS, ...}}: the reference scripts measured on the
-same machine kind, with where each figure was measured), writes speed.md and speed.png into that folder, and
+same kind of machine, with where each figure was measured), writes speed.md and speed.png into that folder, and
 prints the markdown.
 
 With --readme it rewrites each block of README.md between `<!-- compare:TAG -->` and `<!-- /compare:TAG -->` from
@@ -98,24 +98,24 @@ def table(name, runs):
     return "\n".join(lines)
 
 
-SAME_SITTING = "ours, same sitting"  # reference.json may give ours as measured beside the references
+ALONGSIDE = "ours, alongside"  # reference.json may give ours as measured beside the references, runs alternating
 
 
 def reference_line(references):
     """The reference scripts' speed beside ours, the comparison the tables exist for. Not divided into the table's
-    runs: they were measured in their own sessions; the ratio is to ours from the same sitting, where given."""
-    scripts = {label: sps for label, sps in references.items() if label != SAME_SITTING}
-    line = "Reference scripts on this machine kind: " + ", ".join(
+    runs: they were measured apart from them; the ratio is to ours measured alongside them, where given."""
+    scripts = {label: sps for label, sps in references.items() if label != ALONGSIDE}
+    line = "Reference scripts on this kind of machine: " + ", ".join(
         f"{label} {sps:.0f} SPS" for label, sps in scripts.items()
     )
-    if SAME_SITTING in references:
-        line += f" (ours in the same sitting, alternating runs: {references[SAME_SITTING]:.0f} SPS)"
+    if ALONGSIDE in references:
+        line += f" (ours measured alongside, alternating runs: {references[ALONGSIDE]:.0f} SPS)"
     return line + "."
 
 
 def chart(results, references, path):
     """One panel per benchmark, three to a row so that the grid reads at about 900 pixels wide: our modes, then
-    the reference scripts measured on the same machine kind, hatched, then ours from their sitting, light grey."""
+    the reference scripts measured on the same kind of machine, hatched, then ours measured alongside, light grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,7 +135,7 @@ def chart(results, references, path):
         inactive = inactive or any(label.endswith("*") for label in labels)
         refs = references.get(name, {})
         values = [runs[m]["sps"] or 0 for m in modes] + list(refs.values())
-        ours_there = [label == SAME_SITTING for label in refs]
+        ours_there = [label == ALONGSIDE for label in refs]
         colors = [MODE_COLORS[m] for m in modes] + ["#dddddd" if o else "white" for o in ours_there]
         bars = ax.bar(
             range(len(values)),
@@ -160,7 +160,7 @@ def chart(results, references, path):
     for ax in axes.flat[len(results) :]:
         ax.axis("off")
     axes[0][0].set_ylabel("env steps / s", fontsize=7)
-    footnote = "hatched: reference scripts, same machine kind; light grey: ours in the references' sitting"
+    footnote = "hatched: reference scripts, same kind of machine; light grey: ours measured alongside them"
     fig.text(
         0.01, 0.003, footnote + ("; *: CUDA graphs requested, inactive without CUDA" if inactive else ""), fontsize=6
     )

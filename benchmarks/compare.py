@@ -11,11 +11,12 @@ cudagraphs and compile+cudagraphs), LeanRL's plain script and its compiled one i
 CPU each side runs at one and two threads and ours also at its default; on CUDA each runs once, the references with
 one CPU thread, the setting our scripts choose there (torch's default pool fights the env's worker threads).
 
-Runs go one at a time, in scratch folders, and alternate within a round (the first side swaps each round). Each
-run's result is one JSON line in FOLDER/runs.jsonl the moment it ends; a second call skips what is recorded, so an
-interrupted sweep goes on where it stopped. --budget-minutes M starts no run that its estimate (the same run's
+Runs go one at a time, in scratch folders, and alternate within a round (the first side and the first of our
+modes swap each round; our modes at one thread count go side by side). Each run's result is one JSON line in
+FOLDER/runs.jsonl the moment it ends; a second call skips what is recorded, so an interrupted sweep goes on where it
+stopped. --budget-minutes M starts no run that its estimate (the same run's
 time in earlier records, else the profile's guess) says will not end within M minutes; the plan puts each side's
-headline mode of every row first. FOLDER gets compare.md (medians over rounds, ratios, the machine, versions,
+headline runs of every row first. FOLDER gets compare.md (medians over rounds, ratios, the machine, versions,
 commits, patches, commands) and compare.png. Steady SPS: ours from its summary (after warm-up), LeanRL's from the
 speed it logs (after its burn-in), CleanRL's from the wall times of its TensorBoard SPS points, from the third
 point after learning starts.
@@ -75,30 +76,37 @@ SIDES = ("ours", "leanrl", "cleanrl")
 
 
 def plan(rows, rounds, cuda):
-    """The runs in order: (row, side, script, mode, threads, round). Per round: each side's headline run of every
-    row first (ours at its default in its fastest mode, LeanRL's compiled script, CleanRL's), then the rest; within
-    a row the sides go ours, LeanRL, CleanRL, reversed every other round."""
+    """The runs in order: (row, side, script, mode, threads, round). Per round: each side's headline runs of every
+    row first (LeanRL's compiled script, CleanRL's, and ours at its default threads: on CUDA in its fastest mode,
+    on a CPU in both, so that --compile is timed beside eager), then the rest; within a row the sides go ours,
+    LeanRL, CleanRL, and our modes at one thread count one after the other, both orders reversed every other round
+    (runs late in a series ran slower here, so a fixed order would favour a mode)."""
     our_modes = ["eager", "compile", "cudagraphs", "compile+cudagraphs"] if cuda else ["eager", "compile"]
     leanrl_modes = ["compile", "cudagraphs", "compile+cudagraphs"] if cuda else ["compile"]
     our_threads = ["default"] if cuda else ["default", 1, 2]
     their_threads = [1] if cuda else [1, 2]
     runs = []
     for round_index in range(1, rounds + 1):
+        forward = round_index % 2 == 1
         tiers = ([], [])
         for row in rows:
             ours, leanrl_plain, leanrl_compiled, cleanrl, _ = ROWS[row]
             by_side = {
-                "ours": [(ours, mode, threads) for mode in our_modes for threads in our_threads],
+                "ours": [
+                    (ours, mode, threads) for threads in our_threads for mode in our_modes[:: 1 if forward else -1]
+                ],
                 "leanrl": [(leanrl_compiled, mode, threads) for mode in leanrl_modes for threads in their_threads]
                 + [(leanrl_plain, "eager", threads) for threads in their_threads],
                 "cleanrl": [(cleanrl, "eager", threads) for threads in their_threads],
             }
-            headline = {"ours": (ours, our_modes[-1] if cuda else "eager", "default"),
-                        "leanrl": (leanrl_compiled, leanrl_modes[-1], 1), "cleanrl": (cleanrl, "eager", 1)}  # fmt: skip
-            order = SIDES if round_index % 2 else SIDES[::-1]
-            for side in order:
+            headline = {
+                "ours": [(ours, mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)],
+                "leanrl": [(leanrl_compiled, leanrl_modes[-1], 1)],
+                "cleanrl": [(cleanrl, "eager", 1)],
+            }
+            for side in SIDES if forward else SIDES[::-1]:
                 for run in by_side[side]:
-                    tiers[run != headline[side]].append((row, side, *run, round_index))
+                    tiers[run not in headline[side]].append((row, side, *run, round_index))
         runs += tiers[0] + tiers[1]
     return runs
 

@@ -190,16 +190,16 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
             {
                 "_measured": "where",
                 "bench1": {"LeanRL --compile": 80},
-                "bench3": {"LeanRL": 70, "ours, same sitting": 90},
+                "bench3": {"LeanRL": 70, "ours, alongside": 90},
             }
         )
     )
     proc = collect(tmp_path, runs)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("Reference scripts on this machine kind:") == 2
-    assert "Reference scripts on this machine kind: LeanRL --compile 80 SPS." in proc.stdout.split("### bench2")[0]
+    assert proc.stdout.count("Reference scripts on this kind of machine:") == 2
+    assert "Reference scripts on this kind of machine: LeanRL --compile 80 SPS." in proc.stdout.split("### bench2")[0]
     assert (
-        "Reference scripts on this machine kind: LeanRL 70 SPS (ours in the same sitting, alternating runs: 90 SPS)."
+        "Reference scripts on this kind of machine: LeanRL 70 SPS (ours measured alongside, alternating runs: 90 SPS)."
     ) in proc.stdout.split("### bench3")[1]
     height, width, _ = matplotlib.image.imread(tmp_path / "speed.png").shape
     assert width == 900 and height > width / 2
@@ -509,9 +509,15 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
     monkeypatch.delenv("PYTHON", raising=False)
 
     order = compare.plan(["fake"], rounds=2, cuda=False)
-    assert len(order) == 24 and [run[1] for run in order[:3]] == ["ours", "leanrl", "cleanrl"]
-    assert order[0][2:5] == ("fake.py", "eager", "default") and order[1][2:5] == ("fake_compiled", "compile", 1)
-    assert [run[1] for run in order[12:15]] == ["cleanrl", "leanrl", "ours"]  # round 2: the first side swapped
+    assert len(order) == 24 and [run[1] for run in order[:4]] == ["ours", "ours", "leanrl", "cleanrl"]
+    assert [run[2:5] for run in order[:3]] == [
+        ("fake.py", "eager", "default"),
+        ("fake.py", "compile", "default"),  # timed beside eager
+        ("fake_compiled", "compile", 1),
+    ]
+    assert [run[3:5] for run in order[4:8]] == [("eager", 1), ("compile", 1), ("eager", 2), ("compile", 2)]
+    assert [run[1] for run in order[12:16]] == ["cleanrl", "leanrl", "ours", "ours"]  # round 2: the first side swapped
+    assert [run[3] for run in order[14:16]] == ["compile", "eager"]  # and the first mode
     assert {run[3] for run in order if run[1] == "ours"} == {"eager", "compile"}  # no cudagraphs rows on a CPU
     cuda_order = compare.plan(["fake"], rounds=1, cuda=True)
     assert cuda_order[0][3] == "compile+cudagraphs" and {run[4] for run in cuda_order if run[1] != "ours"} == {1}
@@ -588,3 +594,42 @@ def test_a_run_the_comparison_stops_takes_its_child_processes_with_it(tmp_path, 
     time.sleep(0.5)
     stat = f"/proc/{child}/stat"
     assert not os.path.exists(stat) or open(stat).read().split(")")[-1].split()[0] == "Z"  # gone, or dead unreaped
+
+
+@pytest.mark.slow
+def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps(tmp_path):
+    """The reference scripts as upstream wrote them, where clones are given (LEANRL_CLONE and CLEANRL_CLONE, and
+    REFERENCE_PYTHON: a Python with stable-baselines3 and torchrl, else this one): every script the comparison and
+    the learning benchmark run is read at its pinned commit, every patch finds its line and the result parses; then
+    DQN's three reference runs (LeanRL plain and compiled, CleanRL) at the smoke budget each give a steady SPS, read
+    the way compare.py reads it from the real script's logs."""
+    import argparse
+    import ast
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import compare
+    import learning
+    import references
+
+    clones = {"LeanRL": os.environ.get("LEANRL_CLONE"), "CleanRL": os.environ.get("CLEANRL_CLONE")}
+    for side, clone in clones.items():
+        if not clone:
+            pytest.skip(f"no clone of {side}: set {side.upper()}_CLONE to one (a plain git clone) to run this test")
+        if problem := references.check_clone(side, clone):
+            pytest.fail(problem)
+    scripts = {("LeanRL", name) for row in compare.ROWS.values() for name in row[1:3]}
+    scripts |= {("CleanRL", row[3]) for row in compare.ROWS.values()}
+    scripts |= {pair for pairs in learning.REFERENCES.values() for pair in pairs}
+    for side, name in sorted(scripts):
+        _, text, reasons = references.reference_script(side, name, clones[side])
+        ast.parse(text)
+        assert len(reasons) == 1 + len(references.REFERENCE_PATCHES.get(name, []))
+
+    args = argparse.Namespace(profile="smoke", reference_python=os.environ.get("REFERENCE_PYTHON", sys.executable))
+    given = {"leanrl": clones["LeanRL"], "cleanrl": clones["CleanRL"]}
+    _, plain, compiled, cleanrl, _ = compare.ROWS["dqn"]
+    runs = (("leanrl", plain, "eager"), ("leanrl", compiled, "compile"), ("cleanrl", cleanrl, "eager"))
+    for side, script, mode in runs:
+        record = compare.run_one(args, given, "dqn", side, script, mode, 1, limit=600)
+        assert record["sps"] and record["sps"] > 0, (script, record.get("error"))
+        assert record["commit"] == references.REFERENCE_REPOS["LeanRL" if side == "leanrl" else "CleanRL"][1]
