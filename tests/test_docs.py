@@ -1,4 +1,5 @@
-"""The README and the pages under docs/ name only flags that the scripts have: they cannot drift from the code."""
+"""The README and the pages under docs/ name only flags that the scripts have: they cannot drift from the code; and
+every markdown page speaks of the product, not of how it was made."""
 
 import functools
 import glob
@@ -35,7 +36,7 @@ OTHER_COMMANDS = {
 }
 # "Flags every script has", but for these scripts, whose row names what they have instead.
 EXCEPT_IN = {"--num-envs": {"impala_ray.py"}}
-FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+FLAG = re.compile(r"--[a-z][a-z0-9_-]*")
 
 
 @functools.cache
@@ -50,7 +51,8 @@ def code_flags(text):
     code = re.findall(r"```.*?```", text, flags=re.S) + re.findall(
         r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.S)
     )
-    return {flag for span in code for flag in FLAG.findall(span)} - OTHER_COMMANDS
+    # CleanRL's spelling, `--capture_video`, is tyro's `--capture-video`: checked as that
+    return {flag.replace("_", "-") for span in code for flag in FLAG.findall(span)} - OTHER_COMMANDS
 
 
 def scripts_named(text):
@@ -101,3 +103,24 @@ def test_the_flags_every_script_has_are_in_every_script():
     for script in ALL_SCRIPTS:
         missing = {flag for flag in flags - help_flags(script) if script not in EXCEPT_IN.get(flag, ())}
         assert missing == set(), script
+
+
+# How the work was organised is not the product's business: its pages name what was measured, where and when.
+WORKSHOP_WORDS = re.compile(
+    r"\bissues? #?\d+|(?<![\w/&])#\d+\b|\bsittings?\b|\bsessions?\b|device tool|machine kinds?", re.I
+)
+
+
+def test_no_markdown_page_speaks_of_issues_sittings_sessions_or_machine_kinds():
+    pages = []
+    for folder, subfolders, names in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]  # .git, .venv, clones
+        pages += [os.path.join(folder, name) for name in names if name.endswith(".md")]
+    assert os.path.join(ROOT, "README.md") in pages and len(pages) > 20
+    found = []
+    for page in pages:
+        with open(page) as f:
+            for number, line in enumerate(f, 1):
+                where = f"{os.path.relpath(page, ROOT)}:{number}"
+                found += [f"{where}: {match.group(0)!r}" for match in WORKSHOP_WORDS.finditer(line)]
+    assert not found, "\n".join(found)
