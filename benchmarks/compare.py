@@ -11,15 +11,14 @@ cudagraphs and compile+cudagraphs), LeanRL's plain script and its compiled one i
 CPU each side runs at one and two threads and ours also at its default; on CUDA each runs once, the references with
 one CPU thread, the setting our scripts choose there (torch's default pool fights the env's worker threads).
 
-Runs go one at a time, in scratch folders, and alternate within a round (the first side and the first of our
-modes swap each round; our modes at one thread count go side by side). Each run's result is one JSON line in
-FOLDER/runs.jsonl the moment it ends; a second call skips what is recorded, so an interrupted sweep goes on where it
-stopped. --budget-minutes M starts no run that its estimate (the same run's
-time in earlier records, else the profile's guess) says will not end within M minutes; the plan puts each side's
-headline runs of every row first. FOLDER gets compare.md (medians over rounds, ratios, the machine, versions,
-commits, patches, commands) and compare.png. Steady SPS: ours from its summary (after warm-up), LeanRL's from the
-speed it logs (after its burn-in), CleanRL's from the wall times of its TensorBoard SPS points, from the third
-point after learning starts.
+Runs go one at a time, in scratch folders, and alternate within a round (the first side and the first of our modes swap
+each round; our modes at one thread count go side by side). Each run's result is one JSON line in FOLDER/runs.jsonl the
+moment it ends; a second call skips what is recorded, so an interrupted sweep goes on where it stopped. --budget-minutes
+M starts no run that its estimate (the same run's time in earlier records, else the profile's guess) says will not end
+within M minutes; the plan puts each side's headline runs of every row first. FOLDER gets compare.md (medians over
+rounds, ratios, the machine, versions, commits, patches, commands) and compare.png. Steady SPS: ours from its summary
+(after warm-up), LeanRL's from the speed it logs (after its burn-in), CleanRL's from the wall times of its TensorBoard
+SPS points, from the third point after learning starts.
 """
 
 import argparse

@@ -453,7 +453,6 @@ FAKE_OURS_FOR_SPEED = """\
 # stands in for one of our scripts: its SPEED line, faster compiled and with more threads
 import json
 import sys
-import time
 
 threads = int(sys.argv[sys.argv.index("--torch-threads") + 1]) if "--torch-threads" in sys.argv else 2
 sps = 100.0 * (2 if "--compile" in sys.argv else 1) + threads
@@ -462,7 +461,6 @@ print("SPEED " + json.dumps({"sps": sps, "warmup_seconds": 1.5, "torch_threads":
 FAKE_LEANRL_FOR_SPEED = """\
 # stands in for LeanRL's scripts: the speed since its burn-in, logged to wandb; 30 plain, 60 compiled
 import sys
-import time
 import wandb
 
 for step in range(0, 1000, 100):
