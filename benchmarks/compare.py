@@ -160,7 +160,7 @@ def run_one(args, clones, row, side, script, mode, threads, limit):
     """One run in a scratch folder; its record (sps None with the reason when it gave none)."""
     flags = list(ROWS[row][4][args.profile])
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-    env.setdefault("MUJOCO_GL", "disable")
+    env["MUJOCO_GL"] = "disable"  # no run renders, and an inherited MUJOCO_GL=egl without EGL fails at import
     record = {}
     with tempfile.TemporaryDirectory() as workdir:
         if side == "ours":
