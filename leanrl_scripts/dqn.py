@@ -117,7 +117,7 @@ def make_envs(env_id, num_envs, seed=0, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except (gym.error.Error, ImportError) as error:  # a missing package, an old version: what to do instead
+    except Exception as error:  # any other failure to make it (a missing package, an old version): say what it was
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -367,7 +367,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None

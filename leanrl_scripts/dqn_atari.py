@@ -216,8 +216,9 @@ def make_gym_env(env_id, render=False):
 
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     """Training envs of either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode;
-    info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends
-    a game (with envpool) or any episode (gymnasium), the next step resets that env and is not a transition."""
+    info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends an
+    episode, the next step resets that env and is not a transition: with envpool after a lost life too (its action
+    ignored, no-ops and FIRE played, the frame stack kept), where CleanRL's wrappers reset within the step."""
     if backend == "envpool":
         try:
             import envpool  # imported here: the gymnasium back-end runs without it
@@ -249,8 +250,8 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         envs = gym.vector.SyncVectorEnv(
             [partial(make_gym_env, env_id, render)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
         )
-    except (gym.error.Error, ImportError) as error:
-        fail(f"unknown env id '{env_id}' for ALE (Atari games look like Breakout-v5): {error}")
+    except Exception as error:  # an unknown game, a missing ROM or package, an old version
+        fail(f"unknown env id '{env_id}' on ALE, or it cannot be made (games look like Breakout-v5): {error}")
     envs.reset(seed=seed)
     return envs
 
@@ -293,11 +294,13 @@ class FrameReplay:
         self.rewards, self.terminations = (torch.zeros((rows, num_envs), device=device) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool, device=device) for _ in range(2))
         self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
+        self.restarting = np.zeros(num_envs, dtype=bool)  # first flags wait a row: the reset step's
 
-    def add(self, step, obs, actions, rewards, terminations, restart):
-        """Vector step `step`; `restart`: the envs whose next step is a reset, not a transition (a new stack then)."""
+    def add(self, step, obs, actions, rewards, terminations, reset, restart):
+        """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
+        them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
         row, flags = step % len(self.frames), (self.next_valid, self.next_first)
-        self.next_valid, self.next_first = ~restart, ~self.next_valid
+        self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
         columns = (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first)
         for column, value in zip(columns, (obs[:, -1], actions, rewards, terminations, *flags)):
             column[row] = torch.as_tensor(value).to(column.device, column.dtype, non_blocking=True)
@@ -542,7 +545,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
@@ -723,6 +727,7 @@ class Run:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     run = Run(
         args,
         counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
@@ -789,8 +794,9 @@ if __name__ == "__main__":
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
             next_obs, rewards, terminations, truncations, infos = run.in_env(envs.step, actions.astype(np.int32))
             game_over = infos["terminated"].astype(bool) | truncations
-            restart = game_over if args.env_backend == "envpool" else terminations | truncations  # see make_envs
-            rb.add(iteration, obs, actions, rewards, terminations, restart)
+            reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
+            restart = game_over if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
+            rb.add(iteration, obs, actions, rewards, terminations, reset, restart)
             obs, global_step = next_obs, global_step + args.num_envs
             scores += infos["reward"]  # the true score: info["reward"] is unclipped
             for score in scores[game_over]:

@@ -238,8 +238,8 @@ def make_classic_env(env_id, render=False):
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     """Atari, either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode; info["reward"]
     is the unclipped reward and info["terminated"] the end of the game. A gymnasium id: classic control, one frame.
-    After the step that ends a game (envpool) or an episode (gymnasium), the next step resets that env and is not a
-    transition."""
+    After the step that ends an episode the next step resets that env and is not a transition: with envpool after a
+    lost life too (its action ignored, no-ops and FIRE played, the frame stack kept)."""
     classic = env_id in gym.registry
     if not classic and backend == "envpool":
         try:
@@ -272,7 +272,7 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     try:
         make_env = partial(make_classic_env if classic else make_gym_env, env_id, render)
         envs = gym.vector.SyncVectorEnv([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    except (gym.error.Error, ImportError) as error:  # an unknown ALE game, a missing package, an old version
+    except Exception as error:  # an unknown ALE game, a missing ROM or package, an old version
         fail(f"unknown env id '{env_id}', or it cannot be made: {error}")
     envs.reset(seed=seed)
     return envs
@@ -338,13 +338,15 @@ class FrameReplay:
         self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
         self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
+        self.restarting = np.zeros(num_envs, dtype=bool)  # first flags wait a row: the reset step's
         for name in self.columns:
             getattr(self, name).share_memory_()
 
-    def add(self, step, obs, actions, rewards, terminations, restart):
-        """Vector step `step`; `restart`: the envs whose next step is a reset, not a transition (a new stack then)."""
+    def add(self, step, obs, actions, rewards, terminations, reset, restart):
+        """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
+        them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
         row, flags = step % len(self.frames), (self.next_valid, self.next_first)
-        self.next_valid, self.next_first = ~restart, ~self.next_valid
+        self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
         for name, value in zip(self.columns, (obs[:, -1], actions, rewards, terminations, *flags)):
             getattr(self, name).numpy()[row] = value  # numpy's assignment: a third of torch's per-call cost
 
@@ -556,8 +558,9 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
             next_obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
             env_seconds += time.perf_counter() - env_start
             ended = game_over(infos, terminations, truncations)
-            restart = ended if args.env_backend == "envpool" else terminations | truncations  # see make_envs
-            rb.add(step, obs, actions, rewards, terminations, restart)
+            reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
+            restart = ended if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
+            rb.add(step, obs, actions, rewards, terminations, reset, restart)
             limiter.add_inserts(args.num_envs)  # after the row is written: the learner may sample it now
             scores += infos.get("reward", rewards)  # the true score: info["reward"] is unclipped
             if ended.any():
@@ -823,7 +826,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
@@ -1004,6 +1008,7 @@ class Run:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     run = Run(
         args,
         counts=(

@@ -146,7 +146,7 @@ def env_kind(env_id):
         envpool = None
     try:
         env = gym.make(env_id)
-    except (gym.error.Error, ImportError) as error:
+    except Exception as error:  # an unknown id, a missing ROM or package, an old version
         missing = "" if envpool else '; Atari games need envpool: pip install ".[envpool]"'
         fail(
             f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "
@@ -901,7 +901,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
@@ -1082,6 +1083,7 @@ class Run:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     if ray is None:
         fail('Ray is not installed: pip install ".[ray]"')
     if args.ray_address and "IMPALA_EXIT_MARK_FD" not in os.environ:

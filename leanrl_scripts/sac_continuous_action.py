@@ -74,7 +74,7 @@ class Args:
     target_network_frequency: int = 1
     """the target critics are updated every `target_network_frequency` updates"""
     alpha: float = 0.2
-    """entropy regularization coefficient (the initial one when autotuned)"""
+    """entropy regularization coefficient with --no-autotune (autotuned, it starts at 1.0)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
     torch_threads: int = 0
@@ -102,6 +102,8 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 def make_env(env_id, video_folder=None):
     def thunk():
         env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations, as one vector
+            env = gym.wrappers.FlattenObservation(env)
         if video_folder:
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
         return env
@@ -111,6 +113,11 @@ def make_env(env_id, video_folder=None):
 
 def make_envs(env_id, num_envs, video_folder=None):
     """Vector env whose step returns the reset observation and the true final one (info["final_obs"])."""
+    if env_id.startswith("dm_control/"):  # DeepMind's control suite through shimmy, as CleanRL runs it
+        try:
+            import shimmy  # noqa: F401  (it registers the dm_control/ ids)
+        except ModuleNotFoundError:
+            fail('dm_control tasks need shimmy and dm_control: pip install ".[dm_control]"')
     try:
         thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -120,7 +127,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except (gym.error.Error, ImportError) as error:  # an old version, an id moved to another package
+    except Exception as error:  # an old version, an id moved to another package, any other failure to make it
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has {envs.single_action_space}: this script needs continuous (Box) actions")
@@ -426,7 +433,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
@@ -633,7 +641,8 @@ if __name__ == "__main__":
     qnet = QEnsemble(obs_dim, act_dim).to(device)
     target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
     target_qnet.load_state_dict(qnet.state_dict())
-    log_alpha = torch.tensor(math.log(args.alpha), device=device, requires_grad=args.autotune)
+    # autotuned, alpha starts at 1.0, as in CleanRL's, LeanRL's and SB3's SAC
+    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
     target_params, online_params = from_module(target_qnet), from_module(qnet).data
     actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
     qnet_view = detached_view(qnet, QEnsemble(obs_dim, act_dim).to("meta"))

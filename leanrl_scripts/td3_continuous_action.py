@@ -100,6 +100,8 @@ LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
 def make_env(env_id, video_folder=None):
     def thunk():
         env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations, as one vector
+            env = gym.wrappers.FlattenObservation(env)
         if video_folder:
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
         return env
@@ -109,6 +111,11 @@ def make_env(env_id, video_folder=None):
 
 def make_envs(env_id, num_envs, video_folder=None):
     """Vector env whose step returns the reset observation and the true final one (info["final_obs"])."""
+    if env_id.startswith("dm_control/"):  # DeepMind's control suite through shimmy, as CleanRL runs it
+        try:
+            import shimmy  # noqa: F401  (it registers the dm_control/ ids)
+        except ModuleNotFoundError:
+            fail('dm_control tasks need shimmy and dm_control: pip install ".[dm_control]"')
     try:
         thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -118,7 +125,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except (gym.error.Error, ImportError) as error:  # an old version, an id moved to another package
+    except Exception as error:  # an old version, an id moved to another package, any other failure to make it
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has {envs.single_action_space}: this script needs continuous (Box) actions")
@@ -423,7 +430,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        name = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
+        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None

@@ -1,6 +1,7 @@
 """Envs made through gymnasium's "module:EnvId" ids that the scripts must refuse with one clear error line: a tiny env
-with image observations and continuous actions (`tests.image_env:ImageObs-v0`), and an id whose making raises an
-ImportError (`tests.image_env:MovedAway-v0`), as gymnasium's MuJoCo v2 and v3 ids do."""
+with image observations and continuous actions (`tests.image_env:ImageObs-v0`), an id whose making raises an
+ImportError (`tests.image_env:MovedAway-v0`), as gymnasium's MuJoCo v2 and v3 ids do, and one whose making raises
+anything else (`tests.image_env:Broken-v0`), as ALE does for a game whose ROM is missing."""
 
 import gymnasium as gym
 import numpy as np
@@ -29,3 +30,10 @@ def moved_away(render_mode=None):
 
 
 gym.register("MovedAway-v0", entry_point=moved_away)
+
+
+def broken(render_mode=None):
+    raise RuntimeError("the ROM of this game is missing")
+
+
+gym.register("Broken-v0", entry_point=broken)

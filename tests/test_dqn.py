@@ -162,13 +162,15 @@ def test_the_learners_mirror_of_the_storage_samples_what_the_shared_one_holds():
     mirror, rng, step = rb.mirror(torch.device("cpu")), np.random.default_rng(0), 0
     for chunk in (60, 1, 5, 20, 27, 13, 2):
         for _ in range(chunk):
+            reset = rng.random(2) < 0.1  # an episode's end: the next step resets, and half the time the stack too
             rb.add(
                 step,
                 rng.integers(0, 256, (2, 4, 3, 3), dtype=np.uint8),
                 rng.integers(0, 4, 2),
                 rng.random(2, dtype=np.float32),
                 rng.random(2) < 0.1,
-                rng.random(2) < 0.1,
+                reset,
+                reset & (rng.random(2) < 0.5),
             )
             step += 1
         mirror.catch_up(rb, step)
@@ -259,6 +261,7 @@ def test_same_seed_gives_identical_runs(workdir):
         ("dqn.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
         ("dqn.py", ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
         ("dqn.py", ["--env-id", "tests.image_env:MovedAway-v0"], "moved to another package"),
+        ("dqn.py", ["--env-id", "tests.image_env:Broken-v0"], "the ROM of this game is missing"),
         ("dqn.py", ["--learning-starts", 10], "must be at least --batch-size"),
         ("dqn_atari.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
         ("dqn_atari.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),

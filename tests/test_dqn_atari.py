@@ -169,22 +169,24 @@ STORAGES = {
 def test_storage_rebuilds_the_stacks_the_env_returned(case):
     """Random play into a storage of 300 rows per env for 700 steps (a random Breakout game lasts about 200 steps, a
     CartPole episode about 20): every valid row still stored must give back the observation before and after its
-    step, including rows at and after episode starts. The envs whose next step is a reset are those the scripts
-    name (see their make_envs): after a game's end with envpool, after any episode's end with gymnasium."""
+    step, including rows at and after episode starts, and the step after any episode's end (a lost life included:
+    envpool then plays its reset, whatever the action) is no transition. envpool keeps its frame stack across a lost
+    life, gymnasium's restarts it (see the scripts' make_envs)."""
     script, env_id, backend, storage = STORAGES[case]
     module = load_script(script)
     envs = module.make_envs(env_id, 2, 3, backend)
     rb, rng = storage(module), np.random.default_rng(3)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     obs, _ = envs.reset()
-    seen = [obs]
+    seen, ended = [obs], []
     for step in range(700):
         actions = rng.integers(0, num_actions, size=2, dtype=np.int32)
         obs, rewards, terminations, truncations, infos = envs.step(actions)
         game_over = np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
-        restart = game_over if backend == "envpool" else terminations | truncations
-        rb.add(step, seen[-1], actions, rewards, terminations, restart)
+        reset = terminations | truncations
+        rb.add(step, seen[-1], actions, rewards, terminations, reset, game_over if backend == "envpool" else reset)
         seen.append(obs)
+        ended.append(reset)
     steps, rows = 700, len(rb.frames)
     assert rows < steps  # the storage wrapped around
     stored = torch.arange(steps - 1 - rb.buffer_rows, steps - 1)  # every row that has a next frame
@@ -197,6 +199,9 @@ def test_storage_rebuilds_the_stacks_the_env_returned(case):
         assert torch.equal(obs, expected) and torch.equal(next_obs, expected_next)
         checked += int(valid.sum())
         assert (~valid).sum() >= 1 and rb.first[stored % rows, lane].sum() >= 1  # reset steps, new stacks
+        # the step after an episode's end resets the env (envpool's ignores its action): never a transition
+        after_an_end = torch.tensor([bool(ended[t - 1][lane]) for t in stored])
+        assert after_an_end.any() and not (valid & after_an_end).any()
     assert checked > 550
     batch = rb.sample(steps, 64)
     assert batch[0].shape == (64, *seen[0].shape[1:]) and batch[3].shape == (64, *seen[0].shape[1:])

@@ -1,5 +1,5 @@
 """A newcomer's first commands: --help before the extras are installed, a run that needs a missing extra, a
-mistyped flag, and run.sh's usage."""
+mistyped flag, CleanRL's Atari ids, and run.sh's usage."""
 
 import os
 import subprocess
@@ -53,11 +53,42 @@ def test_the_gymnasium_back_end_names_the_atari_extra(tmp_path):
     ), proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py", "ppo_continuous_action.py"])
+def test_a_dm_control_task_without_shimmy_names_the_extra(script, tmp_path):
+    proc = run(script, ["--env-id", "dm_control/cartpole-balance-v0"], tmp_path, without(["shimmy"], tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        'error: dm_control tasks need shimmy and dm_control: pip install ".[dm_control]"'
+    ), proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_a_mistyped_flag_exits_2_with_a_hint(script, tmp_path):
     _, proc = run_script(script, ["--num_env", 4], tmp_path, check=False, timeout=300)
     assert proc.returncode == 2 and "Unrecognized options: --num_env" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+PPO_TINY = ["--total-timesteps", 128, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
+DQN_TINY = ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 300, "--batch-size", 32]
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("ppo_atari_envpool.py", PPO_TINY),
+        ("ppo_atari_lstm.py", PPO_TINY),
+        ("dqn_atari.py", DQN_TINY),
+        ("dqn_atari.py", [*DQN_TINY, "--env-backend", "gymnasium"]),
+        ("dqn_atari_async.py", DQN_TINY),
+    ],
+)
+def test_cleanrls_atari_id_runs_as_the_v5_id_of_the_same_game(script, args, tmp_path):
+    """CleanRL's Atari scripts name games by gymnasium's NoFrameskip-v4 ids, whose settings (no sticky actions, frame
+    skip left to the wrappers, 108,000 frames at most) are those of the v5 ids here: the run plays that game, and its
+    summary and folder name the id it ran."""
+    summary, _ = run_script(script, ["--env-id", "BreakoutNoFrameskip-v4", *args, "--eval-episodes", 0], tmp_path)
+    assert summary["env_id"] == "Breakout-v5" and summary["steps_done"] >= args[1]
+    assert [name.split("__")[0] for name in os.listdir(tmp_path / "runs")] == ["Breakout-v5"]
 
 
 def run_sh(*args, cwd=ROOT):

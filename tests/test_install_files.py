@@ -19,10 +19,11 @@ def test_pyproject_extras_match_the_requirements_files():
         project = tomllib.load(f)["project"]
     assert sorted(project["dependencies"]) == requirements("requirements.txt")
     extras = project["optional-dependencies"]
-    for extra in ("mujoco", "atari", "envpool", "ray", "video", "wandb", "dev"):
+    for extra in ("mujoco", "dm_control", "atari", "envpool", "ray", "video", "wandb", "dev"):
         assert sorted(extras[extra]) == requirements(f"requirements-{extra}.txt"), extra
     assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {
         "mujoco",
+        "dm_control",
         "atari",
         "envpool",
         "ray",

@@ -172,6 +172,7 @@ def test_checkpoint_restores_policy_and_observation_statistics(workdir):
         (["--env-id", "ALE/Breakout-v5"], "ALE/Breakout-v5"),  # unknown without ale-py, discrete with it
         (["--env-id", "Breakout-v5"], "ppo_atari_envpool.py"),  # an envpool Atari id
         (["--env-id", "tests.image_env:MovedAway-v0"], "moved to another package"),
+        (["--env-id", "tests.image_env:Broken-v0"], "the ROM of this game is missing"),
         (["--num-minibatches", 3], "must divide num_envs x num_steps"),
         (["--total-timesteps", 0], "--total-timesteps must be positive"),
     ],
