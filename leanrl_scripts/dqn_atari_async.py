@@ -338,7 +338,7 @@ class FrameReplay:
         self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
         self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
-        self.restarting = np.zeros(num_envs, dtype=bool)  # first flags wait a row: the reset step's
+        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
         for name in self.columns:
             getattr(self, name).share_memory_()
 
