@@ -37,11 +37,13 @@ def main():
     steps, rows = args.num_steps, args.env_rows
     agent = script.Agent(4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
-    dones = (rng.random((steps, rows)) < 1 / args.episode_length).astype(np.float32)
-    layout = [torch.from_numpy(a) for a in script.segment_layout(dones)]
+    starts = (rng.random((steps, rows)) < 1 / args.episode_length).astype(np.float32)
+    dones = np.concatenate([starts[1:], np.zeros((1, rows), dtype=np.float32)])  # the reset steps before them
+    layout = [torch.from_numpy(a) for a in script.segment_layout(starts)]
     minibatch = script.Minibatch(
         torch.randint(0, 256, (steps, rows, 1, 84, 84), dtype=torch.uint8),
         torch.from_numpy(dones),
+        torch.from_numpy(starts),
         torch.zeros(1, rows, 128),
         torch.zeros(1, rows, 128),
         *layout,
@@ -72,7 +74,7 @@ def main():
     result.update(
         env_rows=rows,
         num_steps=steps,
-        episode_starts=int(dones.sum()),
+        episode_starts=int(starts.sum()),
         padded_steps=layout[0].numel(),
         real_steps=steps * rows,
         torch_threads=torch.get_num_threads(),

@@ -202,12 +202,12 @@ class Agent(nn.Module):
         return action, log_probs.gather(-1, action[..., None]).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
 
 
-def lstm_loop(lstm, features, h, c, dones):
+def lstm_loop(lstm, features, h, c, starts):
     """CleanRL's per-step LSTM: the state is zeroed before each step whose observation starts an episode.
-    features (T, B, 512), dones (T, B), states (1, B, 128). Returns the outputs (T, B, 128) and the last state."""
+    features (T, B, 512), starts (T, B), states (1, B, 128). Returns the outputs (T, B, 128) and the last state."""
     outputs = []
-    for feature, done in zip(features, dones):
-        keep = (1.0 - done).view(1, -1, 1)
+    for feature, start in zip(features, starts):
+        keep = (1.0 - start).view(1, -1, 1)
         output, (h, c) = lstm(feature[None], (keep * h, keep * c))
         outputs.append(output)
     return torch.cat(outputs), (h, c)
@@ -224,37 +224,37 @@ def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
     return outputs.flatten(0, 1)[output_index].view(num_steps, batch, -1)
 
 
-def segment_layout(dones):
-    """Host-side plan for `lstm_padded`, from the dones (T, B) of the minibatch's env rows. Every column is cut
-    where an episode starts; segment s is padded column s of a (T, S_pad) batch, S_pad the next power of two
-    of the segment count, so compiled code and CUDA graphs see few shapes. Padding costs
+def segment_layout(starts):
+    """Host-side plan for `lstm_padded`, from the episode starts (T, B) of the minibatch's env rows. Every column
+    is cut where an episode starts; segment s is padded column s of a (T, S_pad) batch, S_pad the next power of
+    two of the segment count, so compiled code and CUDA graphs see few shapes. Padding costs
     (S_pad - B) x T x (512 inputs + the LSTM's activations) floats per minibatch.
     Returns frame_index (T, S_pad) into the flattened (t * B + b) features, T*B for padding; state_index
     (S_pad,): the env whose stored state starts the segment, B for zeros; output_index (T*B,) into the
     flattened (position * S_pad + segment) outputs."""
-    num_steps, batch = dones.shape
-    starts = dones.astype(bool)
-    starts[0] = True  # every column opens a segment at t=0, from the stored state unless dones[0] says reset
-    segment = np.cumsum(starts.T.ravel()).reshape(batch, num_steps).T - 1  # (T, B): segment of each step
+    num_steps, batch = starts.shape
+    cuts = starts.astype(bool)
+    cuts[0] = True  # every column opens a segment at t=0, from the stored state unless starts[0] says zeros
+    segment = np.cumsum(cuts.T.ravel()).reshape(batch, num_steps).T - 1  # (T, B): segment of each step
     num_segments = segment[-1, -1] + 1
     padded_segments = max(batch, 1 << int(num_segments - 1).bit_length())
     start_time = np.zeros(num_segments, dtype=np.int64)
-    times, envs = np.nonzero(starts)
+    times, envs = np.nonzero(cuts)
     start_time[segment[times, envs]] = times
     position = np.arange(num_steps)[:, None] - start_time[segment]  # (T, B): step within its segment
     frame_index = np.full((num_steps, padded_segments), num_steps * batch, dtype=np.int64)
     frame_index[position, segment] = np.arange(num_steps * batch).reshape(num_steps, batch)
     state_index = np.full(padded_segments, batch, dtype=np.int64)
-    first = ~dones[0].astype(bool)  # columns whose first segment continues the stored state
+    first = ~starts[0].astype(bool)  # columns whose first segment continues the stored state
     state_index[segment[0, first]] = np.nonzero(first)[0]
     output_index = (position * padded_segments + segment).ravel()
     return frame_index, state_index, output_index
 
 
-def policy(obs, h, c, done, *, agent):
+def policy(obs, h, c, start, *, agent):
     """One step for every env: sampled actions, their log-probabilities, the values and the next LSTM state.
     `agent` is a detached view of the learner."""
-    hidden, (h, c) = lstm_loop(agent.lstm, agent.features(obs[None]), h, c, done[None])
+    hidden, (h, c) = lstm_loop(agent.lstm, agent.features(obs[None]), h, c, start[None])
     action, log_prob, _, value = agent.heads(hidden[0])
     return action, log_prob, value, h, c
 
@@ -277,10 +277,12 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 class Minibatch(NamedTuple):
     """Whole env rows of the rollout: tensors (T, B, ...), the LSTM states they started from (1, B, 128), and
-    their segment layout (`segment_layout`; empty tensors for the loop)."""
+    their segment layout (`segment_layout`; empty tensors for the loop). dones[t]: obs t ends an episode (the
+    step from it is envpool's reset step); starts[t]: obs t starts one."""
 
     obs: torch.Tensor
     dones: torch.Tensor
+    starts: torch.Tensor
     initial_h: torch.Tensor
     initial_c: torch.Tensor
     frame_index: torch.Tensor
@@ -294,31 +296,40 @@ class Minibatch(NamedTuple):
 
 
 def ppo_loss(minibatch, *, agent, args):
-    """The clipped PPO loss of a Minibatch. The padded LSTM's outputs are gathered back to (T, B), so padding
-    never reaches a loss term."""
+    """The clipped PPO loss of a Minibatch, averaged over its steps but envpool's reset steps: the step from an
+    episode's last frame ignores its action and restarts the game, so it has nothing to teach, and CleanRL's
+    wrappers, which restart within the ending step, never store it. The padded LSTM's outputs are gathered back to
+    (T, B), so padding never reaches a loss term."""
     features, h, c = agent.features(minibatch.obs), minibatch.initial_h, minibatch.initial_c
     if args.lstm_impl == "loop":
-        hidden, _ = lstm_loop(agent.lstm, features, h, c, minibatch.dones)
+        hidden, _ = lstm_loop(agent.lstm, features, h, c, minibatch.starts)
     else:
         hidden = lstm_padded(
             agent.lstm, features, h, c, minibatch.frame_index, minibatch.state_index, minibatch.output_index
         )
     _, new_logprob, entropy, new_value = agent.heads(hidden, minibatch.actions)
     advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    learned = 1.0 - minibatch.dones  # 0 at the reset steps
+    num_learned = learned.sum()
+
+    def mean(x):
+        return (x * learned).sum() / num_learned
+
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        approx_kl = mean((ratio - 1) - logratio)  # the low-variance estimator of KL(old || new)
+        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
     if args.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+        centered = advantages - mean(advantages)
+        advantages = centered / (((centered.pow(2) * learned).sum() / (num_learned - 1)).sqrt() + 1e-8)
+    pg_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
     if args.clip_vloss:
         clipped_value = values + (new_value - values).clamp(-args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * torch.max((new_value - returns).pow(2), (clipped_value - returns).pow(2)).mean()
+        v_loss = 0.5 * mean(torch.max((new_value - returns).pow(2), (clipped_value - returns).pow(2)))
     else:
-        v_loss = 0.5 * (new_value - returns).pow(2).mean()
-    entropy_loss = entropy.mean()
+        v_loss = 0.5 * mean((new_value - returns).pow(2))
+    entropy_loss = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
     return loss, {
         "policy_loss": pg_loss.detach(),
@@ -370,16 +381,15 @@ def evaluate(agent, args, device, video_folder=None):
     obs, _ = envs.reset()
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
-    done = torch.zeros(envs.num_envs, device=device)
+    no_start = torch.zeros(envs.num_envs, device=device)  # each env's first game counts: its state is never reset
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         check_signals()
         with torch.no_grad():
-            actions, _, _, h, c = policy(torch.from_numpy(obs).to(device), h, c, done, agent=agent)
+            actions, _, _, h, c = policy(torch.from_numpy(obs).to(device), h, c, no_start, agent=agent)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         if video and not finished[0]:
             video.write_frame(envs.render()[0])
-        done = torch.as_tensor(terminations | truncations, dtype=torch.float32, device=device)
         returns += rewards * ~finished
         finished |= terminations | truncations
     if video:
@@ -768,14 +778,14 @@ if __name__ == "__main__":
     T, E = args.num_steps, args.num_envs
     obs = torch.zeros((T, E, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, E), dtype=torch.long, device=device)
-    logprobs, rewards, dones, values = (torch.zeros((T, E), device=device) for _ in range(4))
-    dones_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
+    logprobs, rewards, dones, starts, values = (torch.zeros((T, E), device=device) for _ in range(5))
+    starts_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
     episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
     metrics, num_updates, padded_steps, real_steps, global_step = {}, 0, 0, 0, 0
     next_obs_np, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs_np).to(device)
-    next_done_np = np.zeros(E, dtype=np.float32)
-    next_done = torch.zeros(E, device=device)
+    next_done_np, next_start_np = np.zeros(E, dtype=np.float32), np.zeros(E, dtype=np.float32)
+    next_done, next_start = torch.zeros(E, device=device), torch.zeros(E, device=device)
     h = c = torch.zeros(1, E, agent.lstm.hidden_size, device=device)
     run.open()
     with run.stoppable():
@@ -788,12 +798,15 @@ if __name__ == "__main__":
             initial_h, initial_c = h.clone(), c.clone()  # the update replays the rollout from these states
             for step in range(T):
                 check_signals()
-                obs[step], dones[step], dones_host[step] = next_obs, next_done, next_done_np
-                actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_done)
+                obs[step], dones[step], starts[step], starts_host[step] = next_obs, next_done, next_start, next_start_np
+                actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_start)
                 next_obs_np, reward, terminations, truncations, infos = run.in_env(
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += E
+                # envpool's step from an episode's last frame is a reset step (its action ignored, no-ops and FIRE
+                # played): the state is zeroed at the frame it returns, the new episode's first, as in CleanRL's
+                next_start, next_start_np = next_done, next_done_np
                 next_done_np = (terminations | truncations).astype(np.float32)
                 step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(
                     device, non_blocking=True
@@ -807,7 +820,7 @@ if __name__ == "__main__":
                     run.episode(global_step, episode_returns[env_id], episode_lengths[env_id])
                     episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
-            next_value = policy_step(next_obs, h, c, next_done)[2]
+            next_value = policy_step(next_obs, h, c, next_start)[2]
             advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
             for _ in range(args.update_epochs):
                 env_order = rng.permutation(E)
@@ -815,7 +828,7 @@ if __name__ == "__main__":
                     env_ids = env_order[start : start + envs_per_batch]
                     real_steps += T * len(env_ids)
                     if args.lstm_impl == "padded":
-                        layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(dones_host[:, env_ids]))
+                        layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(starts_host[:, env_ids]))
                         padded_steps += layout[0].numel()
                     else:
                         layout = no_layout
@@ -824,6 +837,7 @@ if __name__ == "__main__":
                     minibatch = Minibatch(
                         obs[:, columns],
                         dones[:, columns],
+                        starts[:, columns],
                         initial_h[:, columns],
                         initial_c[:, columns],
                         *layout,

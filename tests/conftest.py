@@ -319,8 +319,8 @@ def assert_gae_equals_the_reverse_loop(script, steps, envs, compiled, seed, rewa
 
 
 def done_patterns(num_steps, batch, generator):
-    """The cases the LSTM scripts' padding must get right, one (T, B) float pattern each (PPO-LSTM's dones[t]: obs t
-    starts an episode; IMPALA's: step t ends one)."""
+    """The cases the LSTM scripts' padding must get right, one (T, B) float pattern each (PPO-LSTM's starts[t]: obs t
+    starts an episode; IMPALA's dones[t]: step t ends one)."""
     none = torch.zeros(num_steps, batch)
     first = none.clone()
     first[0] = 1.0  # PPO-LSTM: every env starts an episode at t=0, no stored state is used

@@ -46,13 +46,13 @@ MODES = {
 }
 
 
-def reference_outputs(lstm, features, h, c, dones):
+def reference_outputs(lstm, features, h, c, starts):
     """The loop written out cell by cell with nn.LSTMCell's math, independent of the script."""
     weight_ih, weight_hh = lstm.weight_ih_l0, lstm.weight_hh_l0
     bias = lstm.bias_ih_l0 + lstm.bias_hh_l0
     h, c, outputs = h[0], c[0], []
-    for feature, done in zip(features, dones):
-        h, c = h * (1 - done[:, None]), c * (1 - done[:, None])
+    for feature, start in zip(features, starts):
+        h, c = h * (1 - start[:, None]), c * (1 - start[:, None])
         gates = feature @ weight_ih.T + h @ weight_hh.T + bias
         i, f, g, o = gates.chunk(4, -1)
         c = f.sigmoid() * c + i.sigmoid() * g.tanh()
@@ -69,10 +69,10 @@ def test_padded_lstm_equals_the_loop(pattern):
     lstm = torch.nn.LSTM(512, 128)
     features = torch.randn(16, 3, 512, generator=g)
     h, c = torch.randn(1, 3, 128, generator=g), torch.randn(1, 3, 128, generator=g)
-    dones = done_patterns(16, 3, g)[pattern]
-    expected = reference_outputs(lstm, features, h, c, dones)
-    looped, _ = module.lstm_loop(lstm, features, h, c, dones)
-    layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
+    starts = done_patterns(16, 3, g)[pattern]
+    expected = reference_outputs(lstm, features, h, c, starts)
+    looped, _ = module.lstm_loop(lstm, features, h, c, starts)
+    layout = [torch.from_numpy(a) for a in module.segment_layout(starts.numpy())]
     padded = module.lstm_padded(lstm, features, h, c, *layout)
     torch.testing.assert_close(looped, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(padded, expected, atol=1e-5, rtol=1e-5)
@@ -80,14 +80,20 @@ def test_padded_lstm_equals_the_loop(pattern):
 
 def test_segment_layout_pads_to_a_power_of_two():
     module = load_script(SCRIPT)
-    dones = np.zeros((8, 2), dtype=np.float32)
-    dones[[2, 5], 0] = 1.0  # env 0: three segments, env 1: one
-    frame_index, state_index, output_index = module.segment_layout(dones)
+    starts = np.zeros((8, 2), dtype=np.float32)
+    starts[[2, 5], 0] = 1.0  # env 0: three segments, env 1: one
+    frame_index, state_index, output_index = module.segment_layout(starts)
     assert frame_index.shape == (8, 4) and sorted(output_index) != list(range(16))
     assert list(state_index) == [0, 2, 2, 1]  # env 0's stored state, zeros, zeros, env 1's stored state
     assert (frame_index == 16).sum() == 4 * 8 - 16  # every other slot reads the zero row
     every = module.segment_layout(np.ones((8, 2), dtype=np.float32))[0]
     assert every.shape == (8, 16)
+
+
+def restarts_before(starts):
+    """envpool's dones for these episode starts: the step before a first frame is the restart that follows an
+    episode's last frame (its action ignored)."""
+    return torch.cat([starts[1:], torch.zeros_like(starts[:1])])
 
 
 def ppo_loss_of(module, agent, impl, compiled):
@@ -104,12 +110,14 @@ def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
     agent = module.Agent(4)
     num_steps, batch = 12, 2
     obs = torch.randint(0, 256, (num_steps, batch, 1, 84, 84), dtype=torch.uint8, generator=g)
-    dones = done_patterns(num_steps, batch, g)[pattern]
+    starts = done_patterns(num_steps, batch, g)[pattern]
+    dones = restarts_before(starts)
     h, c = torch.randn(1, batch, 128, generator=g), torch.randn(1, batch, 128, generator=g)
-    layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
+    layout = [torch.from_numpy(a) for a in module.segment_layout(starts.numpy())]
     actions = torch.randint(0, 4, (num_steps, batch), generator=g)
     logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
-    minibatch = module.Minibatch(obs, dones, h, c, *layout, actions, logprobs - 1.4, advantages, returns, values)
+    rollout = [actions, logprobs - 1.4, advantages, returns, values]
+    minibatch = module.Minibatch(obs, dones, starts, h, c, *layout, *rollout)
     looped = loss_and_gradients(ppo_loss_of(module, agent, "loop", False), agent, minibatch)
     padded = loss_and_gradients(ppo_loss_of(module, agent, "padded", compiled), agent, minibatch)
     assert_same_loss_and_gradients(padded, looped)
@@ -117,6 +125,55 @@ def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
     assert loop_grads["lstm.weight_ih_l0"].abs().sum() > 0
     # the recurrent weights get gradients unless every step starts an episode (then every state is zero)
     assert (loop_grads["lstm.weight_hh_l0"].abs().sum() > 0) == (pattern != "every")
+
+
+def reference_ppo_loss(agent, minibatch, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5):
+    """CleanRL's PPO-LSTM loss on the steps CleanRL's wrappers would have stored: the restarts removed before any
+    mean or standard deviation is taken, the state zeroed at each episode's first frame (the cell-by-cell loop)."""
+    hidden = reference_outputs(
+        agent.lstm, agent.features(minibatch.obs), minibatch.initial_h, minibatch.initial_c, minibatch.starts
+    )
+    kept = minibatch.dones == 0
+    logits = agent.actor(hidden)[kept]
+    new_logprob = torch.distributions.Categorical(logits=logits).log_prob(minibatch.actions[kept])
+    entropy = torch.distributions.Categorical(logits=logits).entropy()
+    new_value = agent.critic(hidden).squeeze(-1)[kept]
+    advantages, returns, values = (t[kept] for t in (minibatch.advantages, minibatch.returns, minibatch.values))
+    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    ratio = (new_logprob - minibatch.logprobs[kept]).exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    clipped_value = values + (new_value - values).clamp(-clip_coef, clip_coef)
+    v_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
+    return pg_loss - ent_coef * entropy.mean() + vf_coef * v_loss, {"entropy": entropy.mean().detach()}
+
+
+@pytest.mark.parametrize("impl", ["padded", "loop"])
+def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl):
+    """Equal to CleanRL's loss over the kept steps, and blind to what the restarts hold."""
+    module = load_script(SCRIPT)
+    g = torch.Generator().manual_seed(2)
+    torch.manual_seed(2)
+    agent = module.Agent(4)
+    num_steps, batch = 12, 2
+    starts = torch.zeros(num_steps, batch)
+    starts[[3, 9], 0] = starts[6, 1] = 1.0  # episodes of 2 and 4 steps between restarts, one from the stored state
+    dones = restarts_before(starts)
+    obs = torch.randint(0, 256, (num_steps, batch, 1, 84, 84), dtype=torch.uint8, generator=g)
+    h, c = torch.randn(1, batch, 128, generator=g), torch.randn(1, batch, 128, generator=g)
+    layout = [torch.from_numpy(a) for a in module.segment_layout(starts.numpy())]
+    actions = torch.randint(0, 4, (num_steps, batch), generator=g)
+    logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
+    rollout = [actions, logprobs - 1.4, advantages, returns, values]
+    minibatch = module.Minibatch(obs, dones, starts, h, c, *layout, *rollout)
+    script_loss = ppo_loss_of(module, agent, impl, False)
+    ours = loss_and_gradients(script_loss, agent, minibatch)
+    expected = loss_and_gradients(partial(reference_ppo_loss, agent), agent, minibatch)
+    assert_same_loss_and_gradients(ours, expected)
+    # what a restart holds (its ignored action, its advantage, its return) changes nothing
+    noise = [torch.where(dones.bool(), t.roll(1, 0) + 3, t) for t in rollout]
+    noise[0] = noise[0] % 4
+    noisy = loss_and_gradients(script_loss, agent, module.Minibatch(obs, dones, starts, h, c, *layout, *noise))
+    assert_same_loss_and_gradients(noisy, ours)
 
 
 @pytest.mark.parametrize("impl", ["padded", "loop"])
