@@ -17,11 +17,11 @@ import resource
 import signal
 import sys
 import time
-from collections import defaultdict, deque
+from collections import defaultdict, deque, namedtuple
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import Literal
 
 
 def cores_all_idle(seconds=0.2):
@@ -275,31 +275,20 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
     return advantages, advantages + values
 
 
-class Minibatch(NamedTuple):
-    """Whole env rows of the rollout: tensors (T, B, ...), the LSTM states they started from (1, B, 128), and
-    their segment layout (`segment_layout`; empty tensors for the loop). dones[t]: obs t ends an episode (the
-    step from it is envpool's reset step); starts[t]: obs t starts one."""
-
-    obs: torch.Tensor
-    dones: torch.Tensor
-    starts: torch.Tensor
-    initial_h: torch.Tensor
-    initial_c: torch.Tensor
-    frame_index: torch.Tensor
-    state_index: torch.Tensor
-    output_index: torch.Tensor
-    actions: torch.Tensor
-    logprobs: torch.Tensor
-    advantages: torch.Tensor
-    returns: torch.Tensor
-    values: torch.Tensor
+# Whole env rows of the rollout: tensors (T, B, ...), the LSTM states they started from (1, B, 128), and their
+# segment layout (`segment_layout`; empty tensors for the loop). dones[t]: obs t ends an episode (the step from it is
+# envpool's reset step); starts[t]: obs t starts one.
+Minibatch = namedtuple(
+    "Minibatch",
+    "obs dones starts initial_h initial_c frame_index state_index output_index "
+    "actions logprobs advantages returns values",
+)
 
 
 def ppo_loss(minibatch, *, agent, args):
-    """The clipped PPO loss of a Minibatch, averaged over its steps but envpool's reset steps: the step from an
-    episode's last frame ignores its action and restarts the game, so it has nothing to teach, and CleanRL's
-    wrappers, which restart within the ending step, never store it. The padded LSTM's outputs are gathered back to
-    (T, B), so padding never reaches a loss term."""
+    """The clipped PPO loss of a Minibatch over its steps but envpool's reset steps (after an episode's last frame,
+    the action ignored): they teach nothing, and CleanRL's wrappers, which reset within the ending step, never store
+    them. The padded LSTM's outputs are gathered back to (T, B), so padding never reaches a loss term."""
     features, h, c = agent.features(minibatch.obs), minibatch.initial_h, minibatch.initial_c
     if args.lstm_impl == "loop":
         hidden, _ = lstm_loop(agent.lstm, features, h, c, minibatch.starts)
@@ -309,27 +298,23 @@ def ppo_loss(minibatch, *, agent, args):
         )
     _, new_logprob, entropy, new_value = agent.heads(hidden, minibatch.actions)
     advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
-    learned = 1.0 - minibatch.dones  # 0 at the reset steps
-    num_learned = learned.sum()
-
-    def mean(x):
-        return (x * learned).sum() / num_learned
-
+    kept = 1.0 - minibatch.dones  # 0 at the reset steps
+    weights = kept / kept.sum()  # means over the kept steps are (x * weights).sum()
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = mean((ratio - 1) - logratio)  # the low-variance estimator of KL(old || new)
-        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
+        approx_kl = (((ratio - 1) - logratio) * weights).sum()  # the low-variance estimator of KL(old || new)
+        clipfrac = (((ratio - 1.0).abs() > args.clip_coef) * weights).sum()
     if args.norm_adv:
-        centered = advantages - mean(advantages)
-        advantages = centered / (((centered.pow(2) * learned).sum() / (num_learned - 1)).sqrt() + 1e-8)
-    pg_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
+        centered = advantages - (advantages * weights).sum()
+        advantages = centered / (((centered.pow(2) * kept).sum() / (kept.sum() - 1)).sqrt() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef))
     if args.clip_vloss:
         clipped_value = values + (new_value - values).clamp(-args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * mean(torch.max((new_value - returns).pow(2), (clipped_value - returns).pow(2)))
+        v_loss = 0.5 * torch.max((new_value - returns).pow(2), (clipped_value - returns).pow(2))
     else:
-        v_loss = 0.5 * mean((new_value - returns).pow(2))
-    entropy_loss = mean(entropy)
+        v_loss = 0.5 * (new_value - returns).pow(2)
+    pg_loss, v_loss, entropy_loss = ((term * weights).sum() for term in (pg_loss, v_loss, entropy))
     loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
     return loss, {
         "policy_loss": pg_loss.detach(),
@@ -804,8 +789,7 @@ if __name__ == "__main__":
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += E
-                # envpool's step from an episode's last frame is a reset step (its action ignored, no-ops and FIRE
-                # played): the state is zeroed at the frame it returns, the new episode's first, as in CleanRL's
+                # the step from an episode's last frame is envpool's reset step: zero the state at the frame after it
                 next_start, next_start_np = next_done, next_done_np
                 next_done_np = (terminations | truncations).astype(np.float32)
                 step_data = torch.from_numpy(np.stack([reward.astype(np.float32), next_done_np])).to(
