@@ -12,8 +12,14 @@ from conftest import ROOT, SCRIPTS, run_script
 
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py,
-# benchmarks/collect.py.
+# benchmarks/collect.py, torchrun.
 OTHER_COMMANDS = {
+    "--standalone",
+    "--nproc-per-node",
+    "--nnodes",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--rdzv-id",
     "--compare",
     "--rounds",
     "--budget-minutes",
@@ -35,7 +41,7 @@ OTHER_COMMANDS = {
     "--busy",
 }
 # "Flags every script has", but for these scripts, whose row names what they have instead.
-EXCEPT_IN = {"--num-envs": {"impala_ray.py"}}
+EXCEPT_IN = {"--num-envs": {"impala_ray.py", "ppo_atari_multigpu.py"}}  # actors; --local-num-envs per process
 FLAG = re.compile(r"--[a-z][a-z0-9_-]*")
 
 

@@ -39,13 +39,17 @@ MAX_BLOCK_LINES = 320
 # dm_control tasks took 5 in PPO continuous (shimmy registers them; without it, one line naming the extra) and 7 in SAC
 # and TD3 (their dict observations flattened too), SAC's note on where its autotuned alpha starts 1, and CleanRL's
 # NoFrameskip-v4 Atari ids 1 in each Atari script. The Atari DQNs' replay keeping envpool's reset step after a lost
-# life out of the transitions (its own flag, since envpool keeps the frame stack there) took 4 and 3.
+# life out of the transitions (its own flag, since envpool keeps the frame stack there) took 4 and 3. PPO Atari on
+# several processes is PPO Atari's 457 without its async mode, plus what several processes need: the gradients in one
+# buffer, the update in two halves around the all-reduce, the minibatch statistics over every process, one stop
+# agreed at each env step, the bad input said once, the first process alone writing (527).
 MAX_LINES = {
     "sac_continuous_action.py": 427,
     "td3_continuous_action.py": 408,
     "ppo_continuous_action.py": 452,
     "ppo_atari_envpool.py": 457,
     "ppo_atari_lstm.py": 529,
+    "ppo_atari_multigpu.py": 527,
     "dqn.py": 333,
     "dqn_atari.py": 509,
     "dqn_atari_async.py": 825,
