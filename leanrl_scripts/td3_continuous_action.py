@@ -115,7 +115,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         try:
             import shimmy  # noqa: F401  (it registers the dm_control/ ids)
         except ModuleNotFoundError:
-            fail('dm_control tasks need shimmy and dm_control: pip install ".[dm_control]"')
+            fail('dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"')
     try:
         thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -57,7 +57,7 @@ def test_the_gymnasium_back_end_names_the_atari_extra(tmp_path):
 def test_a_dm_control_task_without_shimmy_names_the_extra(script, tmp_path):
     proc = run(script, ["--env-id", "dm_control/cartpole-balance-v0"], tmp_path, without(["shimmy"], tmp_path))
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        'error: dm_control tasks need shimmy and dm_control: pip install ".[dm_control]"'
+        'error: dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"'
     ), proc.stderr[-2000:]
 
 

@@ -1,5 +1,6 @@
 """pyproject.toml declares exactly what requirements/*.txt list, so both ways of installing agree."""
 
+import glob
 import os
 import re
 import tomllib
@@ -19,11 +20,11 @@ def test_pyproject_extras_match_the_requirements_files():
         project = tomllib.load(f)["project"]
     assert sorted(project["dependencies"]) == requirements("requirements.txt")
     extras = project["optional-dependencies"]
-    for extra in ("mujoco", "dm_control", "atari", "envpool", "ray", "video", "wandb", "dev"):
+    for extra in ("mujoco", "dm-control", "atari", "envpool", "ray", "video", "wandb", "dev"):
         assert sorted(extras[extra]) == requirements(f"requirements-{extra}.txt"), extra
-    assert set(re.findall(r"\w+", extras["all"][0].split("[")[1])) == {
+    assert set(re.findall(r"[\w-]+", extras["all"][0].split("[")[1])) == {
         "mujoco",
-        "dm_control",
+        "dm-control",
         "atari",
         "envpool",
         "ray",
@@ -33,6 +34,19 @@ def test_pyproject_extras_match_the_requirements_files():
     }
     for requirement in sum((extras[e] for e in extras if e != "all"), project["dependencies"]):
         assert ">=" in requirement and "==" not in requirement  # lower bounds, no exact pins
+
+
+def test_the_install_commands_spell_each_extra_as_the_package_metadata_does():
+    """pip before 23.3 looks an extra up as spelled: `.[dm_control]` found no `dm-control` (the name the metadata
+    holds, PEP 685) and installed nothing for it, with only a warning."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = set(tomllib.load(f)["project"]["optional-dependencies"])
+    named = set()
+    for path in ("README.md", ".ci/run", *glob.glob(os.path.join(ROOT, "docs", "*.md"))):
+        with open(os.path.join(ROOT, path)) as f:
+            named |= {name for group in re.findall(r'"\.\[([^\]]+)\]"', f.read()) for name in group.split(",")}
+    assert {"mujoco", "dm-control", "envpool"} <= named
+    assert {name for name in named if name not in extras or name != re.sub(r"[-_.]+", "-", name).lower()} == set()
 
 
 def test_the_gpu_machines_packages_meet_the_requirements():
