@@ -739,7 +739,7 @@ if __name__ == "__main__":
         if args.load_model:
             run.load_checkpoint({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
 
-    group = None  # the processes' collectives: gradients and statistics; `stop_group`: one number per env step
+    group = stop_group = None  # the collectives of gradients and statistics, and of one number per env step
     if args.world_size > 1:
         dist.init_process_group(backend, timeout=timedelta(minutes=5))  # torchrun's rendezvous, from its variables
         group = dist.group.WORLD
@@ -747,7 +747,6 @@ if __name__ == "__main__":
         for tensor in agent.state_dict().values():
             dist.broadcast(tensor, src=0)  # every copy starts from the first process's weights
     else:
-        stop_group = None
         print("one process: torchrun starts several (torchrun --nproc-per-node N ppo_atari_multigpu.py ...)")
     torch.manual_seed(args.seed + 1_000_003 * rank)  # each process samples its own actions and minibatches
     flat_grads = gradients_in_one_buffer(agent)
