@@ -48,8 +48,11 @@ def table(name, runs):
     first = runs[modes[0]]
     eager_sps = runs.get("eager", {}).get("sps")
     threads = f", {first['torch_threads']} torch threads" if "torch_threads" in first else ""
+    envs = f"{first['num_envs']} env"
+    if first.get("world_size", 1) > 1:  # torchrun's processes (ppo_atari_multigpu.py); torch threads are each one's
+        envs = f"{first['world_size']} processes x {first['local_num_envs']} env"
     lines = [
-        f"### {name}: {first['script']} on {first['env_id']} ({first['num_envs']} env, {first['device']}, "
+        f"### {name}: {first['script']} on {first['env_id']} ({envs}, {first['device']}, "
         f"torch {first['torch_version']}{threads}, {first['total_timesteps']} steps)",
         "",
         "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s "

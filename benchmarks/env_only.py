@@ -4,7 +4,9 @@
     python benchmarks/env_only.py leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --num-envs 8
     python benchmarks/env_only.py leanrl_scripts/dqn_atari.py --env-id Breakout-v5 --env-backend gymnasium
     python benchmarks/env_only.py leanrl_scripts/impala_ray.py --env-id Breakout-v5 --num-actors 2 --envs-per-actor 4
-(for impala_ray.py: all the actors' envs stepped by one process)
+    python benchmarks/env_only.py leanrl_scripts/ppo_atari_multigpu.py --env-id Breakout-v5 --local-num-envs 4 \
+        --nproc-per-node 2
+(for impala_ray.py: all the actors' envs stepped by one process; for ppo_atari_multigpu.py, every process's)
 prints one JSON line with `env_only_sps` (environment steps per second, all envs together).
 """
 
@@ -28,10 +30,14 @@ def main():
     parser.add_argument("--env-backend", help="for dqn_atari.py: envpool or gymnasium")
     parser.add_argument("--num-actors", type=int, default=2, help="for impala_ray.py")
     parser.add_argument("--envs-per-actor", type=int, help="for impala_ray.py")
+    parser.add_argument("--local-num-envs", type=int, help="for ppo_atari_multigpu.py: envs per process")
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="for ppo_atari_multigpu.py: torchrun's processes")
     parser.add_argument("--steps", type=int, default=20_000, help="environment steps to time, all envs together")
     args, _ = parser.parse_known_args()  # the script's other flags (budget, speed modes) do not matter here
     if args.envs_per_actor:
         args.num_envs = args.num_actors * args.envs_per_actor
+    if args.local_num_envs:
+        args.num_envs = args.nproc_per_node * args.local_num_envs
 
     spec = importlib.util.spec_from_file_location("script_under_test", args.script)
     script = importlib.util.module_from_spec(spec)

@@ -12,20 +12,23 @@ mkdir -p "$RESULTS_DIR"
 
 # run_modes NAME SCRIPT ARGS...: one run per mode, its summary saved as RESULTS_DIR/NAME__MODE.json,
 # then the env-only ceiling as RESULTS_DIR/NAME__env_only.json. MODES="eager" (say) runs fewer modes.
+# LAUNCHER="-m torch.distributed.run --nproc-per-node 2 ..." starts the script through that module (env_only.py
+# reads its --nproc-per-node: every process's envs, stepped together).
 run_modes() {
     local name=$1 script=$2; shift 2
+    local launcher=(${LAUNCHER:-})
     local workdir; workdir=$(mktemp -d)
     for mode in ${MODES:-eager compile cudagraphs compile+cudagraphs}; do
         local flags=()
         [[ $mode == *compile* ]] && flags+=(--compile)
         [[ $mode == *cudagraphs* ]] && flags+=(--cudagraphs)
-        echo "== $name $mode: $script $* ${flags[*]}" >&2
-        (cd "$workdir" && "$PYTHON" "$ROOT/leanrl_scripts/$script" "$@" "${flags[@]}") > "$workdir/out.log"
+        echo "== $name $mode: ${launcher[*]:+${launcher[*]} }$script $* ${flags[*]}" >&2
+        (cd "$workdir" && "$PYTHON" "${launcher[@]}" "$ROOT/leanrl_scripts/$script" "$@" "${flags[@]}") > "$workdir/out.log"
         grep '^SPEED ' "$workdir/out.log" | tail -n 1 | cut -c7- > "$RESULTS_DIR/${name}__${mode}.json"
     done
     local env_steps=20000  # a smoke run checks the plumbing, not the ceiling: 20,000 Atari steps cost 10-15 s
     [ "$BENCH_PROFILE" = smoke ] && env_steps=2000
-    "$PYTHON" "$ROOT/benchmarks/env_only.py" "$ROOT/leanrl_scripts/$script" "$@" --steps "$env_steps" \
+    "$PYTHON" "$ROOT/benchmarks/env_only.py" "$ROOT/leanrl_scripts/$script" "$@" "${launcher[@]}" --steps "$env_steps" \
         > "$RESULTS_DIR/${name}__env_only.json"
     rm -rf "$workdir"
 }

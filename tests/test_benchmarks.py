@@ -149,6 +149,7 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
         "dqn_atari_async": "Breakout-v5",
         "impala": "Breakout-v5",
         "impala_lstm": "Breakout-v5",
+        "ppo_multigpu": "Breakout-v5",
     }
     impala_variants = {"impala_1actor": 1, "impala_4actors": 4, "impala_replay": 2}  # eager only
     for name, num_actors in impala_variants.items():
@@ -166,11 +167,13 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
         assert run.get("async_actor", False) == (name in ("dqn_async", "dqn_atari_async"))
         assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
         assert run.get("lstm", False) == (name == "impala_lstm")
+        assert run.get("world_size", 1) == (2 if name == "ppo_multigpu" else 1)  # torchrun's two processes
         assert not (tmp_path / f"{name}__compile.json").exists()
         # a plausible ceiling, not a speed test: Breakout's measured 800-2000 here, beside another test or not
         assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 100
         assert f"### {name}: " in proc.stdout
     assert proc.stdout.count("| eager") == len(names) + len(impala_variants)
+    assert "### ppo_multigpu: ppo_atari_multigpu.py on Breakout-v5 (2 processes x 2 env, cpu" in proc.stdout
     assert (tmp_path / "speed.png").exists()
     phase = json.loads((tmp_path / "lstm_update.json").read_text())
     assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0
