@@ -129,9 +129,20 @@ TASKS = {
             "quick": IMPALA_CARTPOLE + ["--total-timesteps", 10**6],
         },
     ),
+    # PPO Atari's 8 envs as two processes of 4 (LAUNCHERS): every process's share of a minibatch in one update
+    "ppo_atari_multigpu_breakout": (
+        "ppo_atari_multigpu.py",
+        {
+            "quick": ["--total-timesteps", 10**6, "--local-num-envs", 4],
+            "full": ["--total-timesteps", 10**7, "--local-num-envs", 4],
+        },
+    ),
     # what a user gets who names only the env: every other flag at its default (10M steps)
     "impala_cartpole_defaults": ("impala_ray.py", {"full": ["--env-id", "CartPole-v1"]}),
 }
+# tasks whose script torchrun starts, and its arguments: the launcher's `python -m torch.distributed.run` goes
+# before the script, and the record's command says so
+LAUNCHERS = {"ppo_atari_multigpu_breakout": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]}
 EVAL_EPISODES = {"smoke": 2, "quick": 10, "full": 10}
 
 REFERENCES = {
@@ -190,7 +201,8 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
             path, reference = write_reference(side, dict(REFERENCES[task])[side], repo_dir, workdir)
             script = reference.pop("script")
             record.update(reference, packages=package_versions(reference_python))
-        command = [python if side == "ours" else reference_python, path, *flags, "--seed", str(seed)]
+        launcher = LAUNCHERS.get(task, []) if side == "ours" else []
+        command = [python if side == "ours" else reference_python, *launcher, path, *flags, "--seed", str(seed)]
         started = time.time()
         proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
         seconds = time.time() - started
@@ -206,7 +218,7 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
             steps, times, returns = logged_running_means(workdir)
             record["returns_kind"] = "running mean of the last 20 episodes (LeanRL's wandb log)"
     record.update(
-        command=" ".join([script, *flags]),
+        command=" ".join([*launcher, script, *flags]),
         total_seconds=seconds,
         steps=steps,
         seconds=times,
@@ -375,7 +387,7 @@ def collect(folder):
         for task, sides in records.items():
             for side, runs in sides.items():
                 for run in runs:
-                    script = run["command"].split()[0]
+                    script = next(word for word in run["command"].split() if word.endswith(".py"))
                     kind = run.get("returns_kind", "episode")
                     for step, seconds, value in zip(run["steps"], run["seconds"], run["returns"]):
                         writer.writerow([task, side, script, run["seed"], step, f"{seconds:.3f}", value, kind])

@@ -452,6 +452,32 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
         )
 
 
+def test_the_learning_benchmark_starts_the_several_process_task_through_torchrun(tmp_path, monkeypatch):
+    """ppo_atari_multigpu.py's task runs as torchrun starts it, two processes of 4 envs (PPO Atari's 8 envs), and
+    its record's command, the one the table prints, says so. The run itself stands in: a real one takes hours."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+
+    commands = []
+
+    def fake_run(command, **_):
+        commands.append(command)
+        summary = {"script": "ppo_atari_multigpu.py", "env_id": "Breakout-v5", "steps_done": 1, "eval_return_mean": 1}
+        return subprocess.CompletedProcess(command, 0, "SPEED " + json.dumps(summary) + "\n", "")
+
+    monkeypatch.setattr(learning.subprocess, "run", fake_run)
+    learning.run_task("ppo_atari_multigpu_breakout", 1, "quick", str(tmp_path), "python")
+    [command] = commands
+    assert command[:6] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert command[6] == os.path.join(ROOT, "leanrl_scripts", "ppo_atari_multigpu.py")
+    assert command[command.index("--local-num-envs") + 1] == "4" and command[-2:] == ["--seed", "1"]
+    record = json.loads((tmp_path / "runs" / "ppo_atari_multigpu_breakout__seed1.json").read_text())
+    assert record["command"].startswith(
+        "-m torch.distributed.run --standalone --nproc-per-node 2 leanrl_scripts/ppo_atari_multigpu.py "
+    )
+    assert "-m torch.distributed.run" in learning.final_table(learning.load_records(str(tmp_path)))
+
+
 FAKE_OURS_FOR_SPEED = """\
 # stands in for one of our scripts: its SPEED line, faster compiled and with more threads
 import json
