@@ -55,6 +55,7 @@ def alternating_compile(fn=None, **options):
 
 torch.compile = alternating_compile
 sys.argv = [args.script, *args.script_args]
+sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py`: the module beside it
 try:
     runpy.run_path(args.script, run_name="__main__")
 except SystemExit as stop:

@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 
 import envpool
@@ -52,6 +53,7 @@ def main():
     parser.add_argument("--envs", default="8,16,32", help="the env counts, comma-separated")
     args = parser.parse_args()
     path = os.path.join(ROOT, "leanrl_scripts", "ppo_atari_envpool.py")
+    sys.path.insert(0, os.path.dirname(path))  # the run bookkeeping module beside it
     spec = importlib.util.spec_from_file_location("ppo_atari", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -39,6 +39,7 @@ def main():
     if args.local_num_envs:
         args.num_envs = args.nproc_per_node * args.local_num_envs
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # the run bookkeeping module beside it
     spec = importlib.util.spec_from_file_location("script_under_test", args.script)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

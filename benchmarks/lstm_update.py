@@ -28,6 +28,7 @@ def main():
     args = parser.parse_args()
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "leanrl_scripts", "ppo_atari_lstm.py")
+    sys.path.insert(0, os.path.dirname(path))  # the run bookkeeping module beside it
     spec = importlib.util.spec_from_file_location("ppo_atari_lstm", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -46,9 +47,9 @@ def main():
         torch.from_numpy(starts),
         torch.zeros(1, rows, 128),
         torch.zeros(1, rows, 128),
-        *layout,
         torch.randint(0, 4, (steps, rows)),
         *(torch.randn(steps, rows) for _ in range(4)),
+        *layout,
     )
 
     def cnn_only():

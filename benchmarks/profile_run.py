@@ -46,6 +46,7 @@ def matmul_peak(n=1024, reps=20):
 
 def run_script():
     sys.argv = [args.script, *args.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py`: the module beside it
     try:
         runpy.run_path(args.script, run_name="__main__")
     except SystemExit as stop:

@@ -9,20 +9,14 @@ command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto
 
 import atexit
 import ctypes
-import io
-import json
-import math
 import os
-import random
-import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict, deque
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
@@ -42,30 +36,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+
+from run_bookkeeping import Run, RunArgs, check_signals, fail, tune_cpu, usable_cores
 
 
 @dataclass
-class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use CUDA for the learner when it is available"""
-    track: bool = False
-    """log the run to Weights & Biases (pip install ".[wandb]"; WANDB_MODE=offline keeps it on this machine)"""
-    wandb_project_name: str = "leanrl-scripts"
-    """the W&B project of --track"""
-    wandb_entity: str | None = None
-    """the W&B team or user of --track (None: your own)"""
+class Args(RunArgs):
     env_id: str = "Breakout-v5"
     """an envpool Atari game (Breakout-v5: CNN) or a gymnasium id with flat observations (CartPole-v1: MLP)"""
     total_timesteps: int = 10_000_000
-    """fresh environment steps the learner trains on, all actors together"""
+    """fresh environment steps the learner trains on, all actors together (0 only with --load-model: evaluate it)"""
     ray_address: str = ""
     """empty: start a local Ray instance; "auto": join the cluster this machine is part of; or host:port"""
     num_actors: int = 2
@@ -81,8 +61,7 @@ class Args:
     resnet: bool = False
     """Atari: IMPALA's 15-layer residual network instead of the Nature CNN"""
     lstm: bool = False
-    """an LSTM core between the torso and the heads: the actors carry its state, the learner replays each batch of
-    unrolls through it in one padded call"""
+    """an LSTM core between the torso and the heads (the learner replays each batch through it in one padded call)"""
     hide_obs: tuple[int, ...] = ()
     """flat observations: entries the agent sees as zeros, a task that needs memory (CartPole-v1 --hide-obs 1 3
     hides both velocities: only --lstm learns it)"""
@@ -114,25 +93,11 @@ class Args:
     replay_ratio: float = 0.0
     """LASER: the fraction of each batch replayed from recent unrolls (0: no replay, on-policy IMPALA)"""
     trust_region: float = 0.02
-    """LASER: unrolls whose behaviour policy is further than this mean KL from the current one give no policy
-    gradient"""
+    """LASER: an unroll whose behaviour policy is further than this mean KL from the current one: no policy gradient"""
     replay_size: int = 1000
     """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
-    torch_threads: int = 0
-    """the learner's torch CPU threads (0: one on CUDA or for flat observations, else the usable cores less one per
-    local actor; OMP_NUM_THREADS also sets it)"""
-    compile: bool = False
-    """wrap the learner update in torch.compile"""
-    cudagraphs: bool = False
-    """wrap the learner update in a CUDA graph (tensordict's CudaGraphModule)"""
     measure_burnin: int = 3
     """learner updates that the speed figure leaves out (actor start-up, compilation, graph capture)"""
-    eval_episodes: int = 10
-    """evaluation episodes at the end of the run (whole games; greedy actions, sampled ones on Atari)"""
-    capture_video: bool = False
-    """record the first evaluation game to runs/<run_name>/videos (needs .[video])"""
-    save_model: bool = False
-    """save a checkpoint to runs/<run_name>/model.pt at the end"""
 
 
 def env_kind(env_id):
@@ -148,10 +113,8 @@ def env_kind(env_id):
         env = gym.make(env_id)
     except Exception as error:  # an unknown id, a missing ROM or package, an old version
         missing = "" if envpool else '; Atari games need envpool: pip install ".[envpool]"'
-        fail(
-            f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1) "
-            f"({error}){missing}"
-        )
+        known = "an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1)"
+        fail(f"unknown env id '{env_id}': {known} ({error}){missing}")
     env.close()  # only its spaces are needed
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -167,17 +130,9 @@ def make_envs(env_id, num_envs, seed=0, training=True, hide_obs=(), render=False
     if env_kind(env_id) == "atari":
         import envpool
 
-        # one worker per env up to the usable cores: envpool's default counts the host's cores, quota or not
-        return envpool.make(
-            env_id,
-            env_type="gymnasium",
-            num_envs=num_envs,
-            num_threads=min(num_envs, usable_cores()),
-            episodic_life=training,
-            reward_clip=training,
-            seed=seed,
-            render_mode="rgb_array" if render else None,
-        )
+        threads = min(num_envs, usable_cores())  # one per env up to those: envpool's default counts the host's cores
+        game = dict(episodic_life=training, reward_clip=training, render_mode="rgb_array" if render else None)
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
 
     def make_env():
         env = gym.make(env_id, render_mode="rgb_array" if render else None)
@@ -199,8 +154,7 @@ def spaces(envs):
 
 
 def game_over(infos, terminations, truncations):
-    """The end of a whole game: envpool's Atari envs end an episode at each lost life, info["terminated"] at the
-    last."""
+    """The end of a whole game: envpool's Atari envs end an episode at each lost life, info["terminated"] the game."""
     return np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
 
 
@@ -369,22 +323,18 @@ class Unrolls(NamedTuple):
 
 class RewardScale:
     """Rewards divided by the running std of the discounted return G <- gamma G + r (reset at each episode's end),
-    gymnasium's NormalizeReward over all of an actor's envs at once. The prior is a variance of 1 over 1e-4 samples;
-    an actor restarted after a crash starts its statistics again."""
+    gymnasium's NormalizeReward over all of an actor's envs at once, with its statistics (a prior variance of 1 over
+    1e-4 samples). An actor restarted after a crash starts its statistics again."""
 
     def __init__(self, num_envs, gamma):
         self.discounted, self.gamma = np.zeros(num_envs), gamma
-        self.count, self.mean, self.sum_squares = 1e-4, 0.0, 1e-4  # sum of squared deviations, Welford/Chan style
+        self.returns = gym.wrappers.utils.RunningMeanStd(shape=())
 
     def __call__(self, rewards, dones):
         self.discounted = self.gamma * self.discounted + rewards
-        count, total = len(rewards), self.count + len(rewards)
-        delta = self.discounted.mean() - self.mean  # merge this step's returns into the running mean and variance
-        self.mean += delta * count / total
-        self.sum_squares += self.discounted.var() * count + delta**2 * self.count * count / total
-        self.count = total
+        self.returns.update(self.discounted)
         self.discounted *= 1.0 - dones
-        return rewards / np.sqrt(self.sum_squares / self.count + 1e-8)
+        return rewards / np.sqrt(self.returns.var + 1e-8)
 
 
 class UnrollActor:
@@ -442,14 +392,8 @@ class UnrollActor:
             self.state = tuple(part * keep for part in self.state)
         obs[steps] = self.obs
         unroll = Unrolls(obs, actions, logits, rewards, dones, initial_h, initial_c)
-        return {
-            "unroll": unroll,
-            "version": self.version,
-            "returns": finished,
-            "node": self.node,
-            "seconds": time.perf_counter() - start,
-            "env_seconds": env_seconds,
-        }
+        result = dict(unroll=unroll, version=self.version, returns=finished, node=self.node, env_seconds=env_seconds)
+        return {**result, "seconds": time.perf_counter() - start}
 
 
 def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.0, pg_rho_clip=1.0, c_clip=1.0):
@@ -463,9 +407,8 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.
     coeffs = discounts * rhos.clamp(max=c_clip)
     offset = 1
     while offset < len(corrections):
-        corrections = torch.cat(
-            [corrections[:-offset] + coeffs[:-offset] * corrections[offset:], corrections[-offset:]]
-        )
+        later = coeffs[:-offset] * corrections[offset:]  # what the entries `offset` steps ahead add
+        corrections = torch.cat([corrections[:-offset] + later, corrections[-offset:]])
         coeffs = torch.cat([coeffs[:-offset] * coeffs[offset:], coeffs[-offset:]])
         offset *= 2
     vs = values + corrections
@@ -485,16 +428,8 @@ def impala_loss(unrolls, layout, *, agent, args):
     behaviour_log_probs = behaviour_log_probs_all.gather(-1, actions[..., None]).squeeze(-1)
     with torch.no_grad():
         log_rhos = action_log_probs - behaviour_log_probs
-        vs, pg_advantages = vtrace(
-            log_rhos,
-            args.gamma * (1.0 - dones),
-            rewards,
-            values[:-1],
-            values[-1],
-            rho_clip=args.rho_clip,
-            pg_rho_clip=args.pg_rho_clip,
-            c_clip=args.c_clip,
-        )
+        clips = dict(rho_clip=args.rho_clip, pg_rho_clip=args.pg_rho_clip, c_clip=args.c_clip)
+        vs, pg_advantages = vtrace(log_rhos, args.gamma * (1.0 - dones), rewards, values[:-1], values[-1], **clips)
         # LASER's trust region: an unroll whose behaviour policy is too far from the current one (mean KL over its
         # steps) gives no policy gradient; V-trace still learns values from it. Fresh unrolls are almost always in.
         kl = (behaviour_log_probs_all.exp() * (behaviour_log_probs_all - log_probs)).sum(-1).mean(0)
@@ -552,25 +487,13 @@ class UnrollReplay:
         return Unrolls(*(stored[:, device_index] for stored in self.storage)), self.host_dones[:, index.numpy()]
 
 
-def speed_up(fn, compile, cudagraphs):
-    """torch.compile fuses the update's kernels; a CUDA graph then replays all its launches at once (inputs are
-    copied into static buffers, outputs cloned)."""
-    if compile:
-        fn = torch.compile(fn)
-    if cudagraphs:
-        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
-    return fn
-
-
 def connect(address, num_actors):
-    """Start a local Ray instance, or join a cluster (an address is probed first, by watch_driver)."""
-    try:  # a local instance gets a CPU per actor even on a smaller machine: the actors then share the cores
-        ray.init(
-            address=address or None,
-            num_cpus=None if address else max(os.cpu_count(), num_actors),
-            include_dashboard=False,
-            logging_level="ERROR",
-        )
+    """Start a local Ray instance (address None), or join a cluster (an address is probed first, by watch_driver).
+    The actors import the run bookkeeping module: on a cluster it goes with the job, for nodes that hold only Ray."""
+    num_cpus = None if address else max(os.cpu_count(), num_actors)  # local: one per actor, shared if need be
+    job = {"py_modules": [sys.modules[Run.__module__]]} if address else None
+    try:
+        ray.init(address=address, num_cpus=num_cpus, runtime_env=job, include_dashboard=False, logging_level="ERROR")
     except ConnectionError as error:
         fail(f"--ray-address {address}: {error}")
     if not address:
@@ -578,13 +501,11 @@ def connect(address, num_actors):
 
 
 # The reaper: kills the pids it is given when its stdin (a pipe from the driver) ends without the driver's exit mark
-RAY_REAPER = """import os, signal, sys
+RAY_REAPER = """import contextlib, os, signal, sys
 if not sys.stdin.read():
     for pid in sys.argv[1:]:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(int(pid), signal.SIGKILL)
-        except OSError:
-            pass
 """
 
 
@@ -611,6 +532,8 @@ def watch_driver(address):
     its Ray processes (the head going away, when the driver runs on it) with _exit(1): no line, no clean-up. The
     child marks every exit Python makes; an unmarked one is Ray's, and this process says so. Costs a second
     Python process (its memory and start-up) on cluster runs only."""
+    if "IMPALA_EXIT_MARK_FD" in os.environ:  # the watched child: mark each exit Python makes, and train
+        return atexit.register(os.write, int(os.environ["IMPALA_EXIT_MARK_FD"]), b"x")
     if address != "auto":  # probed before the child starts: ray.init would retry a wrong address for minutes
         host, _, port = address.removeprefix("ray://").rpartition(":")
         try:
@@ -622,12 +545,8 @@ def watch_driver(address):
     # trains on for 60 s, blind, before Ray ends it: 10 s. (A head that comes back needs GCS fault tolerance.)
     env = {"RAY_gcs_rpc_server_reconnect_timeout_s": "10", **os.environ, "IMPALA_EXIT_MARK_FD": str(mark_end)}
     prctl = getattr(ctypes.CDLL(None), "prctl", None)  # Linux: the child gets a SIGTERM if this process is killed
-    child = subprocess.Popen(
-        [sys.executable, *sys.argv],
-        pass_fds=[mark_end],
-        env=env,
-        preexec_fn=prctl and (lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)),
-    )
+    on_parent_death = prctl and (lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+    child = subprocess.Popen([sys.executable, *sys.argv], pass_fds=[mark_end], env=env, preexec_fn=on_parent_death)
     os.close(mark_end)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child too (one process group)
     signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
@@ -650,10 +569,8 @@ class ActorPool:
 
     def __init__(self, args, agent):
         # SPREAD: on a cluster, one actor per node in turn rather than filling the first node's CPUs
-        remote_actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD")(
-            UnrollActor
-        )
-        self.actors = [remote_actor.remote(args, index) for index in range(args.num_actors)]
+        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD")
+        self.actors = [remote(UnrollActor).remote(args, index) for index in range(args.num_actors)]
         self.envs_per_actor = args.envs_per_actor
         self.publish(agent, 0)
         self.pending, self.calls = {}, 0  # call in flight -> (actor index, call number)
@@ -727,13 +644,11 @@ def game_video(folder, first_frame, fps):
 
 
 def evaluate(agent, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs. Flat observations: the greedy action (the
-    policy's mode, as the other scripts evaluate their mean action); Atari: sampled actions, since a greedy Atari
-    policy can stall (in Breakout, by never launching a new ball) until the 27k-step time limit. With
-    `video_folder`, the first env's game is recorded there."""
-    envs = make_envs(
-        args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs, render=video_folder is not None
-    )
+    """True score of the first whole game in each of --eval-episodes envs (the first env's recorded in `video_folder`).
+    Flat observations: the greedy action (the policy's mode, as the other scripts evaluate their mean action); Atari:
+    sampled actions, since a greedy policy can stall (in Breakout, never launching a new ball) until the time limit."""
+    render = video_folder is not None
+    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs, render=render)
     torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
@@ -759,371 +674,32 @@ def evaluate(agent, args, device, video_folder=None):
     return returns.tolist()
 
 
-# ---- run bookkeeping: the same text in every script (tests/test_run_block.py); skip it to read the algorithm ----
-# Bad input: one line and exit code 2 before any work. Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A
-# non-finite value: exit code 1, no model. A stopped run still writes summary.json; every file is written atomically.
-LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
-SIGNALS_RECEIVED = []
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not hours later as its pages fill
-    cuda = device.type == "cuda"
-    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if num_bytes > total:
-        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
-
-
-def cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return int(quota) / int(period)
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return None
-
-
-def usable_cores():  # the cores this process may run on: its CPU affinity, capped by a container's quota
-    cores, quota = len(os.sched_getaffinity(0)), cpu_quota()
-    return cores if quota is None else max(1, min(cores, int(quota)))
-
-
-def idle_cores(seconds=0.2):
-    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
-    summed, capped by a container's quota. None where the system does not say (not Linux)."""
-
-    def jiffies():  # per core: idle (with iowait) and total
-        with open("/proc/stat") as f:
-            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
-
-    try:
-        cores, before = os.sched_getaffinity(0), jiffies()
-        time.sleep(seconds)
-        after = jiffies()
-    except (OSError, AttributeError, ValueError):
-        return None
-    cores &= before.keys() & after.keys()
-    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), cpu_quota()
-    return idle if quota is None else min(idle, quota)
-
-
-def tune_cpu(requested, device, threads, keep_freed_memory=False):
-    """Sets torch's CPU threads once, before any tensor work: --torch-threads, else OMP_NUM_THREADS (torch read it),
-    else one on CUDA (the host only feeds the GPU; idle pool threads would compete with the envs), else the script's
-    `threads`: a count, or "idle", the cores at least 75% idle at start (a second thread buys small layers 1.2-1.5x
-    on an idle machine and costs 3-4x beside busy processes: a descheduled thread stalls the others at every
-    barrier; one where /proc does not say). `keep_freed_memory`: glibc's malloc maps large blocks afresh and gives
-    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
-    in and zeroed again: fixed thresholds keep them (1.03-1.13x the SPS on a 2-core CPU, docs/speed.md) at the cost
-    of the peak memory staying with the process; other C libraries than glibc are left alone."""
-    if requested or os.environ.get("OMP_NUM_THREADS"):
-        threads = requested or torch.get_num_threads()
-    elif device.type == "cuda":
-        threads = 1
-    elif threads == "idle":
-        idle = idle_cores()
-        threads = 1 if idle is None else int(idle + 0.25)
-    torch.set_num_threads(max(1, threads))
-    if keep_freed_memory:
-        try:
-            mallopt = ctypes.CDLL("libc.so.6").mallopt
-            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
-            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
-        except (OSError, AttributeError):  # macOS, musl
-            pass
-    return torch.get_num_threads()
-
-
-class Stopped(Exception):
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def check_signals():  # called by the loop at safe points; the handler only notes the signal (Run.open says why)
-    if SIGNALS_RECEIVED:
-        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
-
-
-def write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
-    try:
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-    except OSError as error:
-        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
-        sys.exit(1)
-    finally:
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
-
-
-class Run:
-    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1].
-    open() starts the run; inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed
-    measure on its first call, episode() and log() record; end() stops the clock; finish() writes the files, exits."""
-
-    def __init__(self, args, counts=(), rates=(), fractions=()):
-        self.args, self.start_time = args, time.perf_counter()
-        load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
-        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
-            fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [
-            (counts, lambda value: value > 0, "must be positive"),
-            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
-        ]
-        for names, valid, rule in rules:
-            for name in filter(lambda name: not valid(getattr(args, name)), names):
-                fail(f"--{name.replace('_', '-')} {rule}")
-        if load_model and not os.path.isfile(load_model):
-            fail(f"--load-model: no checkpoint at {load_model}")
-        if args.track:  # an optional extra, checked before any work
-            try:
-                import wandb
-            except ModuleNotFoundError:
-                fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
-            self.wandb = wandb
-        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
-            if args.eval_episodes == 0:
-                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
-            try:
-                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
-            except ModuleNotFoundError:
-                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
-        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
-        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
-        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
-        # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
-        self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
-        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
-        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
-
-    def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
-        try:
-            checkpoint = torch.load(self.args.load_model, map_location=self.device, weights_only=True)
-            made_for = {key: checkpoint[key] for key in sizes}
-            for name, state in states.items() if made_for == sizes else ():
-                state.load_state_dict(checkpoint[name])
-        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
-            fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
-        if made_for != sizes:
-            describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(
-                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                f"{self.args.env_id} has {describe(sizes)}"
-            )
-        return checkpoint
-
-    def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
-        # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
-        try:
-            self.wandb.init(
-                project=self.args.wandb_project_name,
-                entity=self.args.wandb_entity,
-                save_code=True,
-                name=os.path.basename(self.dir),
-                config=asdict(self.args),
-                sync_tensorboard=True,
-            )
-        except Exception as error:  # no API key, no network
-            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
-            fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
-
-    def open(self):
-        if self.args.track:
-            self.start_wandb()
-        try:
-            os.makedirs(self.dir)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
-            self.writer = SummaryWriter(self.dir)
-        except OSError as error:  # `runs` is a file, no permission, a read-only disk
-            fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
-        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(self.args).items())
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
-        if self.args.cudagraphs and not self.cudagraphs:
-            print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
-        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
-        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
-        self.bar = tqdm(total=self.args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
-        self.next_line = time.perf_counter()
-
-    def in_env(self, env_call, *args):
-        start = time.perf_counter()
-        result = env_call(*args)
-        self.env_seconds += time.perf_counter() - start
-        return result
-
-    def mark_steady(self, step):
-        if self.steady_time is None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
-
-    def episode(self, step, episode_return, length=None):
-        self.recent_returns.append(float(episode_return))
-        self.writer.add_scalar("charts/episodic_return", episode_return, step)
-        if length is not None:
-            self.writer.add_scalar("charts/episodic_length", length, step)
-
-    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
-        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
-        for name, value in values.items():
-            if not math.isfinite(value):
-                raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
-        for kind, scalars in (("losses", values), ("charts", charts)):
-            for name, value in scalars.items():
-                self.writer.add_scalar(f"{kind}/{name}", value, step)
-        self.bar.update(step - self.bar.n)
-        if self.steady_time is not None and step > self.steady_step:
-            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
-            self.writer.add_scalar("charts/SPS", sps, step)
-            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
-            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
-            if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(
-                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                self.next_line = time.perf_counter() + LINE_EVERY
-
-    @contextmanager
-    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
-        try:
-            yield
-        except Stopped as stop:
-            self.stopped = self.stopped or stop
-
-    def end(self, step, metrics):
-        self.final_metrics = {name: value.item() for name, value in metrics.items()}
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.mark_steady(step)  # a run that ends before its steady phase has none
-        self.steps_done, self.steady_steps = step, step - self.steady_step
-        self.steady_seconds = time.perf_counter() - self.steady_time
-        with self.stoppable():
-            self.log(step, metrics)  # the last values also go through the divergence check
-        self.bar.close()
-
-    def finish(self, evaluate, summary, checkpoint):
-        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
-        from `checkpoint` with --save-model (a diverged model is not kept), the last two lines, and the exit code."""
-        args, eval_returns = self.args, []
-        if args.eval_episodes > 0 and not self.stopped:
-            with self.stoppable():
-                eval_returns = evaluate()
-                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
-        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
-            signal.signal(signum, signal.SIG_IGN)
-        record = {
-            "script": os.path.basename(__file__),
-            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
-            "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs,
-            "cudagraphs_active": self.cudagraphs,
-            "device": str(self.device),
-            "torch_version": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps,
-            "steady_seconds": self.steady_seconds,
-            "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time,
-            "env_seconds": self.env_seconds,
-            "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-            "eval_returns": eval_returns,
-            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics,
-            "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None,
-            **summary,
-        }
-        if self.device.type == "cuda":
-            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
-        self.writer.close()
-        if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = self.video_folder
-            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
-            for name in sorted(name for name in found if name.endswith(".mp4")):
-                self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
-            self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
-        write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
-        diverged = self.stopped is not None and self.stopped.exit_code == 1
-        if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
-            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-            torch.save({"env_id": args.env_id, "args": asdict(args), **checkpoint}, buffer)
-            write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
-        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
-        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
-        print("SPEED " + json.dumps(record))
-        if self.stopped:
-            print(
-                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                file=sys.stderr,
-            )
-            sys.exit(self.stopped.exit_code)
-
-
-# ---- end of the run bookkeeping ----
-
-
 if __name__ == "__main__":
     args = tyro.cli(Args)
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     if ray is None:
         fail('Ray is not installed: pip install ".[ray]"')
-    if args.ray_address and "IMPALA_EXIT_MARK_FD" not in os.environ:
+    if args.ray_address:
         watch_driver(args.ray_address)
-    if "IMPALA_EXIT_MARK_FD" in os.environ:  # the watched child: mark each exit Python makes
-        atexit.register(os.write, int(os.environ["IMPALA_EXIT_MARK_FD"]), b"x")
-    run = Run(
-        args,
-        counts=("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"),
-        rates=("learning_rate",),
-    )
+    counts = ("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size")
+    run = Run(args, counts=counts, rates=("learning_rate",))
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)
     num_fresh = args.batch_size - num_replayed
     if num_fresh % args.envs_per_actor:
-        fail(
-            f"each batch takes whole actor calls: its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio)) "
-            f"must be a multiple of --envs-per-actor {args.envs_per_actor}"
-        )
+        fresh = f"its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio))"
+        fail(f"a batch takes whole actor calls: {fresh} must be a multiple of --envs-per-actor {args.envs_per_actor}")
     kind = env_kind(args.env_id)
     if args.resnet and kind != "atari":
         fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")
     if args.hide_obs and kind == "atari":
         fail(f"--hide-obs is for flat observations; {args.env_id} has images")
     device = run.device
-    local_actors = 0 if args.ray_address else args.num_actors  # on a cluster, Ray may place them anywhere
-    # the usable cores less those of the actors playing beside it for a CNN; one for the small MLPs of flat
-    # observations (waking threads costs them more than the math)
-    tune_cpu(
-        args.torch_threads,
-        device,
-        threads=usable_cores() - local_actors if kind == "atari" else 1,
-        keep_freed_memory=True,
-    )
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # a CNN: the usable cores less those of the actors beside it (on a cluster, Ray may place them anywhere); the small
+    # MLPs of flat observations: one (waking threads costs them more than the math)
+    threads = usable_cores() - (0 if args.ray_address else args.num_actors) if kind == "atari" else 1
+    tune_cpu(args.torch_threads, device, threads=threads, keep_freed_memory=True)
     replay_generator = torch.Generator().manual_seed(args.seed)
 
     probe = make_envs(args.env_id, 1)
@@ -1134,14 +710,17 @@ if __name__ == "__main__":
     agent = Agent(obs_shape, num_actions, args.resnet, args.lstm).to(device)
     learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    # One update per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes
-    # (compile shares its cache between them). Without a core, the layout is empty and there is one.
-    update_steps = defaultdict(
-        lambda: speed_up(partial(update, agent=agent, optimizer=optimizer, args=args), args.compile, run.cudagraphs)
-    )
+    architecture = dict(obs_shape=[*obs_shape], num_actions=num_actions, resnet=args.resnet, lstm=args.lstm)
+    run.keep({"agent": agent, "optimizer": optimizer}, **architecture)  # the actors get its weights as they start
+    update_step = partial(update, agent=agent, optimizer=optimizer, args=args)
+    if args.compile:
+        update_step = torch.compile(update_step)
+    # One update graph per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes.
+    # Without a core, the layout is empty and there is one. Its first calls compile and initialise Adam's state.
+    update_steps = defaultdict(lambda: CudaGraphModule(update_step, warmup=5) if run.cudagraphs else update_step)
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
-    connect(args.ray_address, args.num_actors)
+    connect(args.ray_address or None, args.num_actors)
     run.open()  # after ray.init, which sets its own SIGTERM handler; before the actors start
     actor_pool = ActorPool(args, agent)
 
@@ -1184,8 +763,7 @@ if __name__ == "__main__":
 
             if args.anneal_lr:
                 learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
-            # Reusing the staging buffers is safe: the metrics' read in run.log below waits for the update, hence the
-            # copy.
+            # reusing the staging buffers is safe: the metrics read in run.log waits for the update, hence the copy
             batch, host_dones = Unrolls(*(t.to(device, non_blocking=True) for t in staging)), staging_np.dones
             if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
                 replay.add(batch, host_dones)
@@ -1204,30 +782,16 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     ray.shutdown()
 
-    summary = {
-        "num_envs": args.num_actors * args.envs_per_actor,
-        "num_actors": args.num_actors,
-        "envs_per_actor": envs_per_actor,
-        "replay_ratio": args.replay_ratio,
-        "ray_address": args.ray_address or "local",
-        "num_updates": num_updates,
-        "learner_updates_per_second": (
-            (num_updates - min(num_updates, args.measure_burnin)) / run.steady_seconds if run.steady_steps > 0 else None
-        ),
-        "learner_wait_seconds": learner_wait,
-        # what the actors would produce if they never waited: their steps over the time their calls took
-        "actor_sps": actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None,
-        "policy_lag_mean": float(np.mean(lags)) if lags else None,
-        "policy_lag_max": max(lags, default=None),
-        "actor_restarts": actor_pool.restarts,
-        "unrolls_lost": actor_pool.unrolls_lost,
-        "lstm": args.lstm,
-        "actor_nodes": dict(Counter(actor_pool.nodes)),  # actors per node at the end ("restarting": not back yet)
-        # the core's padded steps per real one: the cost of replaying a batch in one call
-        "lstm_padding": padded_core_steps / core_steps if core_steps else None,
-    }
-    run.finish(
-        partial(evaluate, agent, args, device, run.video_folder),
-        summary,
-        {"num_actions": num_actions, "agent": agent.state_dict()},
-    )
+    steady_updates = num_updates - min(num_updates, args.measure_burnin)
+    summary = dict(num_envs=args.num_actors * envs_per_actor, num_actors=args.num_actors, envs_per_actor=envs_per_actor)
+    summary.update(replay_ratio=args.replay_ratio, ray_address=args.ray_address or "local", num_updates=num_updates)
+    summary["learner_updates_per_second"] = steady_updates / run.steady_seconds if run.steady_steps > 0 else None
+    # what the actors would produce if they never waited: their steps over the time their calls took
+    summary["actor_sps"] = actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None
+    summary.update(learner_wait_seconds=learner_wait, policy_lag_mean=float(np.mean(lags)) if lags else None)
+    summary.update(policy_lag_max=max(lags, default=None), actor_restarts=actor_pool.restarts, lstm=args.lstm)
+    # actors per node at the end ("restarting": not back yet); the core's padded steps per real one, the cost of
+    # replaying a batch in one call
+    summary.update(unrolls_lost=actor_pool.unrolls_lost, actor_nodes=dict(Counter(actor_pool.nodes)))
+    summary["lstm_padding"] = padded_core_steps / core_steps if core_steps else None
+    run.finish(partial(evaluate, agent, args, device, run.video_folder), summary)

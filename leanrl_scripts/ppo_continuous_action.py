@@ -9,19 +9,8 @@ T log T work instead of T, nothing next to the update.
     python leanrl_scripts/ppo_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
-import ctypes
-import io
-import json
 import math
-import os
-import random
-import resource
-import signal
-import sys
-import time
-from collections import deque
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
@@ -32,26 +21,12 @@ import torch.nn as nn
 import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+
+from run_bookkeeping import Run, RunArgs, check_signals, fail, tune_cpu
 
 
 @dataclass
-class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use CUDA when it is available"""
-    track: bool = False
-    """log the run to Weights & Biases (pip install ".[wandb]"; WANDB_MODE=offline keeps it on this machine)"""
-    wandb_project_name: str = "leanrl-scripts"
-    """the W&B project of --track"""
-    wandb_entity: str | None = None
-    """the W&B team or user of --track (None: your own)"""
+class Args(RunArgs):
     env_id: str = "HalfCheetah-v5"
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 1_000_000
@@ -86,22 +61,8 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
-    torch_threads: int = 0
-    """torch's CPU threads (0: one, see the comment where it is set; OMP_NUM_THREADS also sets it)"""
-    compile: bool = False
-    """wrap the policy step, GAE and the update in torch.compile"""
-    cudagraphs: bool = False
-    """wrap the policy step, GAE and the update in CUDA graphs (tensordict's CudaGraphModule)"""
     measure_burnin: int = 1
     """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
-    eval_episodes: int = 10
-    """deterministic evaluation episodes at the end of the run"""
-    save_model: bool = False
-    """save a checkpoint to runs/<run_name>/model.pt at the end"""
-    load_model: str = ""
-    """a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)"""
-    capture_video: bool = False
-    """record the evaluation episodes to runs/<run_name>/videos"""
 
 
 LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
@@ -275,6 +236,7 @@ def update(minibatch, *, agent, params, optimizer, args):
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
+        old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
@@ -295,20 +257,11 @@ def update(minibatch, *, agent, params, optimizer, args):
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
         "grad_norm": grad_norm.detach(),
     }
-
-
-def speed_up(fn, compile, cudagraphs):
-    """torch.compile fuses the piece's kernels; a CUDA graph then replays all its launches at once (inputs are
-    copied into static buffers, outputs cloned). The pieces take and return plain tensors: no TensorDicts."""
-    if compile:
-        fn = torch.compile(fn)
-    if cudagraphs:
-        fn = CudaGraphModule(fn, warmup=5)  # the first calls compile and initialise Adam's state, then capture
-    return fn
 
 
 def evaluate(agent, obs_stats, args, device, video_folder):
@@ -331,328 +284,6 @@ def evaluate(agent, obs_stats, args, device, video_folder):
     return returns.tolist()
 
 
-# ---- run bookkeeping: the same text in every script (tests/test_run_block.py); skip it to read the algorithm ----
-# Bad input: one line and exit code 2 before any work. Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A
-# non-finite value: exit code 1, no model. A stopped run still writes summary.json; every file is written atomically.
-LINE_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal (a file, nohup, CI)
-SIGNALS_RECEIVED = []
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_fits(num_bytes, device, flag):  # a buffer too large fails now, not hours later as its pages fill
-    cuda = device.type == "cuda"
-    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if num_bytes > total:
-        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
-
-
-def cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return int(quota) / int(period)
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return None
-
-
-def usable_cores():  # the cores this process may run on: its CPU affinity, capped by a container's quota
-    cores, quota = len(os.sched_getaffinity(0)), cpu_quota()
-    return cores if quota is None else max(1, min(cores, int(quota)))
-
-
-def idle_cores(seconds=0.2):
-    """How many of the cores this process may use are idle now: their idle share in /proc/stat over `seconds`,
-    summed, capped by a container's quota. None where the system does not say (not Linux)."""
-
-    def jiffies():  # per core: idle (with iowait) and total
-        with open("/proc/stat") as f:
-            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
-
-    try:
-        cores, before = os.sched_getaffinity(0), jiffies()
-        time.sleep(seconds)
-        after = jiffies()
-    except (OSError, AttributeError, ValueError):
-        return None
-    cores &= before.keys() & after.keys()
-    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), cpu_quota()
-    return idle if quota is None else min(idle, quota)
-
-
-def tune_cpu(requested, device, threads, keep_freed_memory=False):
-    """Sets torch's CPU threads once, before any tensor work: --torch-threads, else OMP_NUM_THREADS (torch read it),
-    else one on CUDA (the host only feeds the GPU; idle pool threads would compete with the envs), else the script's
-    `threads`: a count, or "idle", the cores at least 75% idle at start (a second thread buys small layers 1.2-1.5x
-    on an idle machine and costs 3-4x beside busy processes: a descheduled thread stalls the others at every
-    barrier; one where /proc does not say). `keep_freed_memory`: glibc's malloc maps large blocks afresh and gives
-    the free top of its heap back to the OS, so each minibatch's activations and gradients (tens of MB) were faulted
-    in and zeroed again: fixed thresholds keep them (1.03-1.13x the SPS on a 2-core CPU, docs/speed.md) at the cost
-    of the peak memory staying with the process; other C libraries than glibc are left alone."""
-    if requested or os.environ.get("OMP_NUM_THREADS"):
-        threads = requested or torch.get_num_threads()
-    elif device.type == "cuda":
-        threads = 1
-    elif threads == "idle":
-        idle = idle_cores()
-        threads = 1 if idle is None else int(idle + 0.25)
-    torch.set_num_threads(max(1, threads))
-    if keep_freed_memory:
-        try:
-            mallopt = ctypes.CDLL("libc.so.6").mallopt
-            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
-            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
-        except (OSError, AttributeError):  # macOS, musl
-            pass
-    return torch.get_num_threads()
-
-
-class Stopped(Exception):
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def check_signals():  # called by the loop at safe points; the handler only notes the signal (Run.open says why)
-    if SIGNALS_RECEIVED:
-        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
-
-
-def write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
-    try:
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-    except OSError as error:
-        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
-        sys.exit(1)
-    finally:
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
-
-
-class Run:
-    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1].
-    open() starts the run; inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed
-    measure on its first call, episode() and log() record; end() stops the clock; finish() writes the files, exits."""
-
-    def __init__(self, args, counts=(), rates=(), fractions=()):
-        self.args, self.start_time = args, time.perf_counter()
-        load_model = getattr(args, "load_model", None)  # None: this script loads no checkpoint
-        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not load_model):
-            fail("--total-timesteps must be positive" + (load_model is not None) * " (0 only with --load-model)")
-        rules = [
-            (counts, lambda value: value > 0, "must be positive"),
-            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
-        ]
-        for names, valid, rule in rules:
-            for name in filter(lambda name: not valid(getattr(args, name)), names):
-                fail(f"--{name.replace('_', '-')} {rule}")
-        if load_model and not os.path.isfile(load_model):
-            fail(f"--load-model: no checkpoint at {load_model}")
-        if args.track:  # an optional extra, checked before any work
-            try:
-                import wandb
-            except ModuleNotFoundError:
-                fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
-            self.wandb = wandb
-        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
-            if args.eval_episodes == 0:
-                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
-            try:
-                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
-            except ModuleNotFoundError:
-                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
-        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
-        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
-        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
-        # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
-        self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
-        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
-        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
-
-    def load_checkpoint(self, states, **sizes):  # into `states` (modules, optimizers) if made for the same `sizes`
-        try:
-            checkpoint = torch.load(self.args.load_model, map_location=self.device, weights_only=True)
-            made_for = {key: checkpoint[key] for key in sizes}
-            for name, state in states.items() if made_for == sizes else ():
-                state.load_state_dict(checkpoint[name])
-        except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
-            fail(f"--load-model: {self.args.load_model} is not a checkpoint of this script ({type(error).__name__})")
-        if made_for != sizes:
-            describe = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            fail(
-                f"--load-model: {self.args.load_model} was trained on {checkpoint['env_id']} ({describe(made_for)}); "
-                f"{self.args.env_id} has {describe(sizes)}"
-            )
-        return checkpoint
-
-    def start_wandb(self):  # before the SummaryWriter: sync_tensorboard follows the writers made after it. W&B's
-        # files go to ./wandb: inside the run folder it would also follow its own copies of the TensorBoard file
-        try:
-            self.wandb.init(
-                project=self.args.wandb_project_name,
-                entity=self.args.wandb_entity,
-                save_code=True,
-                name=os.path.basename(self.dir),
-                config=asdict(self.args),
-                sync_tensorboard=True,
-            )
-        except Exception as error:  # no API key, no network
-            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
-            fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
-
-    def open(self):
-        if self.args.track:
-            self.start_wandb()
-        try:
-            os.makedirs(self.dir)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
-            self.writer = SummaryWriter(self.dir)
-        except OSError as error:  # `runs` is a file, no permission, a read-only disk
-            fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
-        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(self.args).items())
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
-        if self.args.cudagraphs and not self.cudagraphs:
-            print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
-        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
-        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
-        self.bar = tqdm(total=self.args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
-        self.next_line = time.perf_counter()
-
-    def in_env(self, env_call, *args):
-        start = time.perf_counter()
-        result = env_call(*args)
-        self.env_seconds += time.perf_counter() - start
-        return result
-
-    def mark_steady(self, step):
-        if self.steady_time is None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
-
-    def episode(self, step, episode_return, length=None):
-        self.recent_returns.append(float(episode_return))
-        self.writer.add_scalar("charts/episodic_return", episode_return, step)
-        if length is not None:
-            self.writer.add_scalar("charts/episodic_length", length, step)
-
-    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
-        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
-        for name, value in values.items():
-            if not math.isfinite(value):
-                raise Stopped(f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)", 1)
-        for kind, scalars in (("losses", values), ("charts", charts)):
-            for name, value in scalars.items():
-                self.writer.add_scalar(f"{kind}/{name}", value, step)
-        self.bar.update(step - self.bar.n)
-        if self.steady_time is not None and step > self.steady_step:
-            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
-            self.writer.add_scalar("charts/SPS", sps, step)
-            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
-            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
-            if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(
-                    f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                self.next_line = time.perf_counter() + LINE_EVERY
-
-    @contextmanager
-    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
-        try:
-            yield
-        except Stopped as stop:
-            self.stopped = self.stopped or stop
-
-    def end(self, step, metrics):
-        self.final_metrics = {name: value.item() for name, value in metrics.items()}
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.mark_steady(step)  # a run that ends before its steady phase has none
-        self.steps_done, self.steady_steps = step, step - self.steady_step
-        self.steady_seconds = time.perf_counter() - self.steady_time
-        with self.stoppable():
-            self.log(step, metrics)  # the last values also go through the divergence check
-        self.bar.close()
-
-    def finish(self, evaluate, summary, checkpoint):
-        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
-        from `checkpoint` with --save-model (a diverged model is not kept), the last two lines, and the exit code."""
-        args, eval_returns = self.args, []
-        if args.eval_episodes > 0 and not self.stopped:
-            with self.stoppable():
-                eval_returns = evaluate()
-                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
-        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
-            signal.signal(signum, signal.SIG_IGN)
-        record = {
-            "script": os.path.basename(__file__),
-            **{key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")},
-            "mode": self.mode,
-            "cudagraphs_requested": args.cudagraphs,
-            "cudagraphs_active": self.cudagraphs,
-            "device": str(self.device),
-            "torch_version": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "sps": self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None,
-            "steady_steps": self.steady_steps,
-            "steady_seconds": self.steady_seconds,
-            "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": time.perf_counter() - self.start_time,
-            "env_seconds": self.env_seconds,
-            "return_mean": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-            "eval_returns": eval_returns,
-            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "final_metrics": self.final_metrics,
-            "steps_done": self.steps_done,
-            "stopped": str(self.stopped) if self.stopped else None,
-            **summary,
-        }
-        if self.device.type == "cuda":
-            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # strict JSON: NaN -> null
-        self.writer.close()
-        if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            videos = self.video_folder
-            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
-            for name in sorted(name for name in found if name.endswith(".mp4")):
-                self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
-            self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
-        write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
-        diverged = self.stopped is not None and self.stopped.exit_code == 1
-        if args.save_model and not diverged:  # the model as it stood, also after Ctrl-C or SIGTERM
-            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-            torch.save({"env_id": args.env_id, "args": asdict(args), **checkpoint}, buffer)
-            write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
-        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
-        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
-        print("SPEED " + json.dumps(record))
-        if self.stopped:
-            print(
-                f"error: {self.stopped}" if diverged else f"{self.stopped}: the steps done are in {self.dir}",
-                file=sys.stderr,
-            )
-            sys.exit(self.stopped.exit_code)
-
-
-# ---- end of the run bookkeeping ----
-
-
 if __name__ == "__main__":
     args = tyro.cli(Args)
     run = Run(
@@ -672,11 +303,6 @@ if __name__ == "__main__":
     # One CPU thread: layers this small gain at most 1.5x from a second core on an idle 2-core machine
     tune_cpu(args.torch_threads, device, threads=1)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
     envs = make_envs(args.env_id, args.num_envs, args.gamma)
     normalizers = obs_normalizers(envs)
     obs_dim = math.prod(envs.single_observation_space.shape)
@@ -686,9 +312,7 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    loaded = args.load_model and run.load_checkpoint(
-        {"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim
-    )
+    loaded = run.keep({"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim)
     for normalizer in normalizers if loaded else ():  # the statistics the checkpoint's agent was trained with
         normalizer.obs_rms.mean, normalizer.obs_rms.var = loaded["obs_mean"].numpy(), loaded["obs_var"].numpy()
         normalizer.obs_rms.count = loaded["obs_count"]
@@ -696,10 +320,14 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    policy_step = speed_up(partial(policy, agent=agent_view), args.compile, run.cudagraphs)
-    gae_step = speed_up(partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda), args.compile, run.cudagraphs)
+    policy_step = partial(policy, agent=agent_view)
+    gae_step = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
     update_step = partial(update, agent=agent, params=[flat_params], optimizer=optimizer, args=args)
-    update_step = speed_up(update_step, args.compile, run.cudagraphs)
+    if args.compile:
+        policy_step, gae_step, update_step = map(torch.compile, (policy_step, gae_step, update_step))
+    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+        graphed = partial(CudaGraphModule, warmup=5)
+        policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
 
     obs = torch.zeros(args.num_steps, args.num_envs, obs_dim, device=device)
     actions = torch.zeros(args.num_steps, args.num_envs, act_dim, device=device)
@@ -736,37 +364,29 @@ if __name__ == "__main__":
                     step_data[:, obs_dim],
                     step_data[:, obs_dim + 1],
                 )
-                if "final_info" in infos and "episode" in infos["final_info"]:
-                    episodes = infos["final_info"]["episode"]
-                    for episode_return in episodes["r"][episodes["_r"]]:
-                        run.episode(global_step, episode_return)
+                run.episodes(global_step, infos)
 
             advantages, returns = gae_step(rewards, values, dones, agent_view.get_value(next_obs), next_done)
             batch = Batch._make(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values))
+            minibatch_metrics = []
             for _ in range(args.update_epochs):
                 order = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     indices = order[start : start + minibatch_size]
-                    metrics = update_step(Batch._make(t[indices] for t in batch))
+                    minibatch_metrics.append(update_step(Batch._make(t[indices] for t in batch)))
                     num_updates += 1
-                if args.target_kl is not None and metrics["approx_kl"].item() > args.target_kl:  # one sync per epoch
-                    break
+                if args.target_kl is not None and minibatch_metrics[-1]["approx_kl"].item() > args.target_kl:
+                    break  # one sync per epoch
+            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
+            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
+            metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
             run.log(global_step, metrics, learning_rate=lr_now)
     run.end(global_step, metrics)
     envs.close()
 
     obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
-    checkpoint = {
-        "obs_dim": obs_dim,
-        "act_dim": act_dim,
-        "agent": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "obs_mean": torch.as_tensor(obs_stats.mean),
-        "obs_var": torch.as_tensor(obs_stats.var),
-        "obs_count": float(obs_stats.count),
-    }
-    run.finish(
-        partial(evaluate, agent_view, obs_stats, args, device, run.video_folder),
-        {"num_updates": num_updates},
-        checkpoint,
-    )
+    obs_state = {"obs_mean": torch.as_tensor(obs_stats.mean), "obs_var": torch.as_tensor(obs_stats.var)}
+    obs_state["obs_count"] = float(obs_stats.count)
+    evaluation = partial(evaluate, agent_view, obs_stats, args, device, run.video_folder)
+    run.finish(evaluation, {"num_updates": num_updates}, obs_state)

@@ -22,9 +22,13 @@ from functools import partial
 
 import pytest
 import torch
+from tensordict.nn import CudaGraphModule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "leanrl_scripts")
+sys.path.insert(0, SCRIPTS)  # the run bookkeeping module, which the scripts import from beside them
+MODULE = "run_bookkeeping.py"
+ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py") and name != MODULE)
 # One inductor cache for the whole session (and its subprocesses): each graph is compiled once.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(ROOT, ".torchinductor-cache"))
 
@@ -258,6 +262,13 @@ def run_script(script, args, cwd, check=True, timeout=900, env=None):
     return summary, proc
 
 
+def speed_up(fn, compile, cudagraphs):
+    """A piece wrapped as the scripts wrap theirs: torch.compile, then a CUDA graph after 5 warm-up calls (without
+    CUDA, CudaGraphModule passes the call through, which still checks the piece's calling convention)."""
+    fn = torch.compile(fn) if compile else fn
+    return CudaGraphModule(fn, warmup=5) if cudagraphs else fn
+
+
 def load_script(script):
     """Import a script as a module (its __main__ block does not run) to test its pieces."""
     name = "leanrl_" + script[: -len(".py")]
@@ -311,7 +322,7 @@ def assert_gae_equals_the_reverse_loop(script, steps, envs, compiled, seed, rewa
     dones = (torch.rand(steps, envs, generator=g) < 0.05).float()
     dones[0, 0] = dones[-1, -1] = 1.0
     next_value, next_done = torch.randn(envs, generator=g), torch.tensor([1.0] + [0.0] * (envs - 1))
-    gae = module.speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
+    gae = speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
     advantages, returns = gae(rewards, values, dones, next_value, next_done)
     expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
     torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)

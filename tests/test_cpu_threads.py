@@ -18,19 +18,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
 from conftest import SCRIPTS, load_script, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
 FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "impala_ray.py"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
-BLOCK = load_script("td3_continuous_action.py")  # tune_cpu and the core counts: the run block, the same in every script
 
 
 def chosen(requested, device, threads):
     """What tune_cpu sets torch to; this process's own thread count is put back."""
     before = torch.get_num_threads()
     try:
-        return BLOCK.tune_cpu(requested, device, threads)
+        return bookkeeping.tune_cpu(requested, device, threads)
     finally:
         torch.set_num_threads(before)
 
@@ -57,9 +57,11 @@ THREADS_ASKED = [
     ("dqn_atari.py", {}, 16),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=True)}, 15),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=False)}, 1),
-    ("impala_ray.py", {"kind": "atari", "local_actors": 4}, 12),
-    ("impala_ray.py", {"kind": "atari", "local_actors": 20}, 1),  # more actors than cores: one thread, not none
-    ("impala_ray.py", {"kind": "classic", "local_actors": 2}, 1),
+    ("impala_ray.py", {"kind": "atari", "args": SimpleNamespace(ray_address="", num_actors=4)}, 12),
+    ("impala_ray.py", {"kind": "atari", "args": SimpleNamespace(ray_address="auto", num_actors=4)}, 16),  # cluster
+    # more actors than cores: one thread, not none
+    ("impala_ray.py", {"kind": "atari", "args": SimpleNamespace(ray_address="", num_actors=20)}, 1),
+    ("impala_ray.py", {"kind": "classic", "args": SimpleNamespace(ray_address="", num_actors=2)}, 1),
 ]
 
 
@@ -74,6 +76,12 @@ def test_each_script_asks_for_its_threads(script, names, expected, monkeypatch):
     ]
     assert [ast.unparse(arg) for arg in call.args] == ["args.torch_threads", "device"]
     keywords = {keyword.arg: keyword.value for keyword in call.keywords}
+    if isinstance(keywords["threads"], ast.Name):  # a name the main block sets just before
+        (keywords["threads"],) = [
+            node.value
+            for node in ast.walk(ast.parse(main))
+            if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == keywords["threads"].id
+        ]
     threads = eval(ast.unparse(keywords["threads"]), {"usable_cores": lambda: 16, **names})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert threads == expected if expected == "idle" else chosen(0, CPU, threads) == expected
@@ -100,8 +108,8 @@ def test_usable_cores_reads_the_affinity_and_the_cgroup_quota(cpu_max, affinity,
             raise FileNotFoundError(path)
         return StringIO(cpu_max)
 
-    monkeypatch.setattr(BLOCK, "open", fake_open, raising=False)
-    assert BLOCK.usable_cores() == expected
+    monkeypatch.setattr(bookkeeping, "open", fake_open, raising=False)
+    assert bookkeeping.usable_cores() == expected
 
 
 @pytest.mark.parametrize("script", CNN_SCRIPTS)
@@ -164,10 +172,10 @@ def test_keeping_freed_memory_leaves_other_c_libraries_alone(monkeypatch):
     def no_glibc(name):
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(BLOCK.ctypes, "CDLL", no_glibc)
+    monkeypatch.setattr(bookkeeping.ctypes, "CDLL", no_glibc)
     before = torch.get_num_threads()
     try:
-        assert BLOCK.tune_cpu(1, CPU, 1, keep_freed_memory=True) == 1
+        assert bookkeeping.tune_cpu(1, CPU, 1, keep_freed_memory=True) == 1
     finally:
         torch.set_num_threads(before)
 
@@ -213,7 +221,7 @@ def test_the_summary_reports_the_threads_and_the_user_choice_wins(script, workdi
     if script == "sac_continuous_action.py":  # the cores idle at its start: this test's process waits meanwhile
         assert 1 <= summary["torch_threads"] <= len(os.sched_getaffinity(0))
     else:
-        assert summary["torch_threads"] == BLOCK.usable_cores()
+        assert summary["torch_threads"] == bookkeeping.usable_cores()
     summary, _ = run_script(script, TINY_RUNS[script] + ["--torch-threads", 3], workdir)
     assert summary["torch_threads"] == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
@@ -275,19 +283,19 @@ def test_idle_core_count_reads_the_cores_this_process_may_use(monkeypatch):
     before = [(100, 100), (100, 100), (100, 100), (100, 100)]
     # cores 0 and 1 idle, core 2 at 80% idle, core 3 busy (outside the affinity in the second case)
     after = [(200, 100), (200, 100), (180, 120), (100, 200)]
-    fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=range(4))
-    assert BLOCK.idle_cores() == pytest.approx(2.8)
-    fake_proc_stat(monkeypatch, BLOCK, [before, after, before, after], affinity=[1, 3])
-    assert BLOCK.idle_cores() == pytest.approx(1.0)
+    fake_proc_stat(monkeypatch, bookkeeping, [before, after], affinity=range(4))
+    assert bookkeeping._idle_cores() == pytest.approx(2.8)
+    fake_proc_stat(monkeypatch, bookkeeping, [before, after, before, after], affinity=[1, 3])
+    assert bookkeeping._idle_cores() == pytest.approx(1.0)
     assert chosen(0, CPU, "idle") == 1  # core 3 is busy: a second thread would stall at every barrier
-    fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=[0, 1, 2])
+    fake_proc_stat(monkeypatch, bookkeeping, [before, after], affinity=[0, 1, 2])
     assert chosen(0, CPU, "idle") == 3  # 2.8 idle cores: 80% idle counts
-    fake_proc_stat(monkeypatch, BLOCK, [before, after], affinity=[0, 1, 2], quota=1.5)
+    fake_proc_stat(monkeypatch, bookkeeping, [before, after], affinity=[0, 1, 2], quota=1.5)
     assert chosen(0, CPU, "idle") == 1  # a container's 1.5 CPUs: a second thread is throttled half the time
     monkeypatch.setattr(
-        BLOCK, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])), raising=False
+        bookkeeping, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])), raising=False
     )
-    assert BLOCK.idle_cores() is None and chosen(0, CPU, "idle") == 1  # no /proc: one thread, the safe choice
+    assert bookkeeping._idle_cores() is None and chosen(0, CPU, "idle") == 1  # no /proc: one thread, the safe choice
 
 
 def spin():
@@ -302,7 +310,7 @@ def test_beside_busy_processes_the_run_takes_one_thread(monkeypatch):
         process.start()
     try:
         time.sleep(0.3)
-        assert BLOCK.idle_cores(0.5) < 0.75 and chosen(0, CPU, "idle") == 1
+        assert bookkeeping._idle_cores(0.5) < 0.75 and chosen(0, CPU, "idle") == 1
     finally:
         for process in spinners:
             process.kill()

@@ -8,9 +8,8 @@ import re
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, run_script
+from conftest import ALL_SCRIPTS, ROOT, run_script
 
-ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py,
 # benchmarks/collect.py, torchrun.
 OTHER_COMMANDS = {

@@ -6,9 +6,8 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, run_script
+from conftest import ALL_SCRIPTS, ROOT, run_script
 
-ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"))
 # script -> (a run that needs the extra, the modules hidden, the install line it must name)
 NEEDS_EXTRA = {
     "ppo_atari_envpool.py": ([], ["envpool"], 'pip install ".[envpool]"'),

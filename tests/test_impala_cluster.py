@@ -2,23 +2,25 @@
 with its own raylet and CPUs, as `ray start --head` and `ray start --address` make them): the actors are spread
 over both nodes and none outlives the run; the second node stopped mid-run costs its actors, not the run; the head
 going away ends the driver with one error line; a SIGTERM reaches the driver through the process watching it, and
-the driver stops when that process is killed."""
+the driver stops when that process is killed. The nodes hold Ray but not the run bookkeeping module (a module of that
+name that fails to import is first on their path, and the script runs from a folder of its own): the driver ships it
+with the job."""
 
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import SCRIPTS, start_script
+from conftest import MODULE, ROOT, SCRIPTS, start_script
 
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 pytestmark = pytest.mark.slow  # a two-node cluster starts for each test: 25-160 s each
 
-SCRIPT = os.path.join(SCRIPTS, "impala_ray.py")
 # 4 actors x 4 envs on CartPole, 16 unrolls (one call from each actor) per update
 ARGS = [
     "--env-id",
@@ -35,10 +37,15 @@ ARGS = [
 
 
 @pytest.fixture
-def cluster():
+def cluster(tmp_path, monkeypatch):
     """A head with 4 CPUs (room for every actor once the other node is gone) and a second node with 2. The head
     checks its nodes' health every second, not every 3 s (Ray's default: a node is declared dead, and its actors
-    restarted, about 15 s after it stops), so that restarts come within a short run."""
+    restarted, about 15 s after it stops), so that restarts come within a short run. Their workers find no run
+    bookkeeping module but the one the driver ships."""
+    hidden = tmp_path / "nodes_path"
+    hidden.mkdir()
+    (hidden / MODULE).write_text("raise ModuleNotFoundError('not on this node', name='run_bookkeeping')\n")
+    monkeypatch.setenv("PYTHONPATH", str(hidden))  # the nodes' processes and their workers inherit it
     health_checks = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
     agents_before = ray_agents()
     cluster = cluster_utils.Cluster(
@@ -65,9 +72,15 @@ def actor_processes():
 
 
 def start_run(cluster, total_timesteps, workdir):
-    return start_script(
-        SCRIPT, [*ARGS, "--total-timesteps", total_timesteps, "--ray-address", cluster.address], workdir
-    )
+    """The script run from a folder of its own, the module on the driver's path alone (Ray puts the script's folder
+    and the working directory on its workers' paths: neither holds the module)."""
+    alone, driver_only = os.path.join(workdir, "script"), os.path.join(workdir, "driver_only")
+    for folder, name in ((alone, "impala_ray.py"), (driver_only, MODULE)):
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(os.path.join(SCRIPTS, name), folder)
+    args = [*ARGS, "--total-timesteps", total_timesteps, "--ray-address", cluster.address]
+    env = {"PYTHONPATH": os.pathsep.join([driver_only, ROOT])}
+    return start_script(os.path.join(alone, "impala_ray.py"), args, workdir, env=env)
 
 
 def actors_on(node):

@@ -11,7 +11,7 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.nn as nn
 
-from conftest import load_script
+from conftest import load_script, speed_up
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
 SPACE = gym.spaces.Box(np.array([-2.0, -1.0, 0.0], dtype=np.float32), np.array([2.0, 1.0, 0.5], dtype=np.float32))
@@ -137,19 +137,18 @@ def build(script, flags=(False, False), seed=0):
         nets.update(alpha=alpha, log_alpha=log_alpha)
     else:
         target_actor = copy.deepcopy(actor).requires_grad_(False)
+        args = module.Args(gamma=0.99, policy_noise=0.2, noise_clip=0.5)
         critic = partial(
             module.update_critic,
             target_actor=target_actor,
             qnet=qnet,
             target_qnet=target_qnet,
             q_optimizer=q_optimizer,
-            gamma=0.99,
-            policy_noise=0.2,
-            noise_clip=0.5,
+            args=args,
         )
         actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
         nets.update(target_actor=target_actor)
-    return nets, module.speed_up(critic, *flags), module.speed_up(actor_step, *flags)
+    return nets, speed_up(critic, *flags), speed_up(actor_step, *flags)
 
 
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
@@ -172,13 +171,16 @@ def test_critic_update_equals_a_plain_reference(script):
             )
             soft_value = torch.minimum(*[t(torch.cat([next_obs, next_actions], -1)) for t in targets]).squeeze(-1)
         target = rewards + 0.99 * (1 - terminations) * soft_value
-    loss = sum(nn.functional.mse_loss(c(torch.cat([obs, actions], -1)).squeeze(-1), target) for c in critics)
+    losses = [nn.functional.mse_loss(c(torch.cat([obs, actions], -1)).squeeze(-1), target) for c in critics]
     optimizer.zero_grad()
-    loss.backward()
+    sum(losses).backward()
     optimizer.step()
     torch.manual_seed(5)
     metrics = critic_step(*batch)
-    torch.testing.assert_close(metrics["qf_loss"], loss.detach())
+    # CleanRL's tags: each critic's loss, and qf_loss their mean
+    torch.testing.assert_close(metrics["qf1_loss"], losses[0].detach())
+    torch.testing.assert_close(metrics["qf2_loss"], losses[1].detach())
+    torch.testing.assert_close(metrics["qf_loss"], sum(losses).detach() / 2)
     assert_ensemble_matches(nets["qnet"], critics)
 
 
@@ -201,7 +203,7 @@ def test_actor_update_leaves_the_critics_untouched(script):
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
 def test_sped_up_updates_equal_eager_ones(script, flags):
-    """The script's own speed_up wrapping: without CUDA, CudaGraphModule passes the call through, which
+    """The scripts' wrapping (conftest.speed_up): without CUDA, CudaGraphModule passes the call through, which
     still checks the pieces' calling convention (plain tensors in, a dict of tensors out)."""
     eager_nets, eager_critic, eager_actor = build(script)
     compiled_nets, compiled_critic, compiled_actor = build(script, flags)

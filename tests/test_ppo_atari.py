@@ -25,6 +25,7 @@ from conftest import (
     load_script,
     reference_gae,
     run_script,
+    speed_up,
 )
 
 envpool = pytest.importorskip("envpool")
@@ -297,7 +298,7 @@ def build_update(flags):
     torch.manual_seed(0)
     agent = module.Agent(4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
-    return agent, module.speed_up(partial(module.update, agent=agent, optimizer=optimizer, args=module.Args()), *flags)
+    return agent, speed_up(partial(module.update, agent=agent, optimizer=optimizer, args=module.Args()), *flags)
 
 
 @pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["compile", "cudagraphs", "both"])

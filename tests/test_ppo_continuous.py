@@ -15,6 +15,7 @@ from conftest import (
     assert_same_seed_same_numbers,
     load_script,
     run_script,
+    speed_up,
 )
 
 SCRIPT = "ppo_continuous_action.py"
@@ -55,9 +56,7 @@ def build_update(flags, flat=True):
     params = [module.flatten_parameters(agent)] if flat else list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=torch.tensor(3e-4), eps=1e-5, fused=True)
     args = module.Args()
-    return agent, module.speed_up(
-        partial(module.update, agent=agent, params=params, optimizer=optimizer, args=args), *flags
-    )
+    return agent, speed_up(partial(module.update, agent=agent, params=params, optimizer=optimizer, args=args), *flags)
 
 
 SPED_UP = {

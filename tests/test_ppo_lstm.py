@@ -117,7 +117,7 @@ def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
     actions = torch.randint(0, 4, (num_steps, batch), generator=g)
     logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
     rollout = [actions, logprobs - 1.4, advantages, returns, values]
-    minibatch = module.Minibatch(obs, dones, starts, h, c, *layout, *rollout)
+    minibatch = module.Minibatch(obs, dones, starts, h, c, *rollout, *layout)
     looped = loss_and_gradients(ppo_loss_of(module, agent, "loop", False), agent, minibatch)
     padded = loss_and_gradients(ppo_loss_of(module, agent, "padded", compiled), agent, minibatch)
     assert_same_loss_and_gradients(padded, looped)
@@ -164,7 +164,7 @@ def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl
     actions = torch.randint(0, 4, (num_steps, batch), generator=g)
     logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
     rollout = [actions, logprobs - 1.4, advantages, returns, values]
-    minibatch = module.Minibatch(obs, dones, starts, h, c, *layout, *rollout)
+    minibatch = module.Minibatch(obs, dones, starts, h, c, *rollout, *layout)
     script_loss = ppo_loss_of(module, agent, impl, False)
     ours = loss_and_gradients(script_loss, agent, minibatch)
     expected = loss_and_gradients(partial(reference_ppo_loss, agent), agent, minibatch)
@@ -172,7 +172,7 @@ def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl
     # what a restart holds (its ignored action, its advantage, its return) changes nothing
     noise = [torch.where(dones.bool(), t.roll(1, 0) + 3, t) for t in rollout]
     noise[0] = noise[0] % 4
-    noisy = loss_and_gradients(script_loss, agent, module.Minibatch(obs, dones, starts, h, c, *layout, *noise))
+    noisy = loss_and_gradients(script_loss, agent, module.Minibatch(obs, dones, starts, h, c, *noise, *layout))
     assert_same_loss_and_gradients(noisy, ours)
 
 

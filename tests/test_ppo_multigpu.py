@@ -25,6 +25,7 @@ SCRIPT = "ppo_atari_multigpu.py"
 # per process: 2 envs x 16 steps, 2 minibatches, 1 epoch; 2 iterations of 2 processes
 TINY = ["--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2, "--update-epochs", 1, "--eval-episodes", 0]
 NUM_STEPS, NUM_ENVS, NUM_MINIBATCHES = 8, 8, 2  # the equivalence test's rollout: 8 envs, shared by 2 processes
+UNCLIPPED = 1e9  # a max_grad_norm that never clips
 
 
 def free_port():
@@ -56,10 +57,11 @@ def process_update(rank, port, out):
     agent = module.Agent(4)
     flat_grads = module.gradients_in_one_buffer(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
-    args = module.Args(num_minibatches=NUM_MINIBATCHES, world_size=2)
+    # no clipping: clipped to the same norm, a wrong divisor of the averaged gradients would not show
+    args = module.Args(num_minibatches=NUM_MINIBATCHES, world_size=2, max_grad_norm=UNCLIPPED)
     half = slice(rank * NUM_ENVS // 2, (rank + 1) * NUM_ENVS // 2)
     batch = module.Batch(*(t[:, half].flatten(0, 1) for t in rollout()))
-    module.update_epoch(
+    metrics = module.update_epoch(
         batch,
         local_orders()[rank],
         loss_step=partial(module.loss_and_gradients, agent=agent, flat_grads=flat_grads, args=args),
@@ -68,14 +70,15 @@ def process_update(rank, port, out):
         args=args,
         group=dist.group.WORLD,
     )
-    torch.save(agent.state_dict(), os.path.join(out, f"rank{rank}.pt"))
+    grad_norms = torch.stack([minibatch["grad_norm"] for minibatch in metrics])
+    torch.save({"weights": agent.state_dict(), "grad_norms": grad_norms}, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
 
-def reference_update(agent, minibatches, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5):
+def reference_update(agent, minibatches, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, max_grad_norm=UNCLIPPED):
     """CleanRL's PPO update of one process, minibatch after minibatch: the advantages normalised over the minibatch,
-    the mean loss, clipping, Adam."""
-    optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
+    the mean loss, clipping, Adam. Returns each minibatch's gradient norm."""
+    optimizer, grad_norms = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5), []
     for obs, actions, logprobs, advantages, returns, values in minibatches:
         logits = agent.actor(agent.hidden(obs))
         dist_ = torch.distributions.Categorical(logits=logits)
@@ -88,13 +91,15 @@ def reference_update(agent, minibatches, clip_coef=0.1, ent_coef=0.01, vf_coef=0
         loss = pg_loss - ent_coef * dist_.entropy().mean() + vf_coef * v_loss
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm)
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm))
         optimizer.step()
+    return torch.stack(grad_norms)
 
 
 def test_two_processes_take_the_step_one_process_takes_on_both_rollouts(tmp_path):
     """Each process's minibatch is its share of one minibatch of the whole rollout: the averaged gradients (and the
-    advantages normalised over both shares) give the weights of one process updating on the union."""
+    advantages normalised over both shares) give the gradient norms and the weights of one process updating on the
+    union, without clipping (a gradient summed, not averaged, would double the norms)."""
     mp.start_processes(process_update, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     module = load_script(SCRIPT)
     torch.manual_seed(0)
@@ -107,11 +112,12 @@ def test_two_processes_take_the_step_one_process_takes_on_both_rollouts(tmp_path
         rows = [order[index * minibatch_rows : (index + 1) * minibatch_rows] for order in local_orders()]
         minibatches.append([torch.cat([share[i][rows[rank]] for rank, share in enumerate(shares)]) for i in range(6)])
     before = {name: value.clone() for name, value in agent.state_dict().items()}
-    reference_update(agent, minibatches)
+    grad_norms = reference_update(agent, minibatches)
     for rank in range(2):
-        weights = torch.load(tmp_path / f"rank{rank}.pt")
+        saved = torch.load(tmp_path / f"rank{rank}.pt")
+        torch.testing.assert_close(saved["grad_norms"], grad_norms, atol=1e-6, rtol=1e-5)
         for name, value in agent.state_dict().items():
-            torch.testing.assert_close(weights[name], value, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(saved["weights"][name], value, atol=1e-6, rtol=1e-5)
     assert any(not torch.equal(before[name], value) for name, value in agent.state_dict().items())
 
 
@@ -150,7 +156,8 @@ def assert_nothing_left_running(cwd):
 
 
 def test_two_processes_count_every_step_and_only_the_first_writes(workdir):
-    proc = launch([*TINY, "--total-timesteps", 128], workdir)
+    """CleanRL's --device-ids, its processes' GPUs, is taken (a CPU run has none to use)."""
+    proc = launch([*TINY, "--total-timesteps", 128, "--device-ids", 0, 1], workdir)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
     [summary] = summaries(workdir)  # one run folder: the first process's
@@ -179,12 +186,15 @@ def test_without_torchrun_it_is_one_process_and_says_so(workdir):
     [
         (["--env-id", "NoSuchGame-v5"], "unknown env id"),
         (["--total-timesteps", 32], "less than one rollout of every process (64)"),
+        (["--device-idz", 0, 1], "Unrecognized options: --device-idz"),
     ],
 )
 def test_bad_input_stops_every_process_with_one_line(args, message, workdir):
+    """tyro's box for an unknown flag, too, is printed by the first process alone."""
     proc = launch([*TINY, "--total-timesteps", 128, *args], workdir)
     _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and stderr.count("error: ") == 1 and message in stderr, stderr[-3000:]
+    said = "Unrecognized options:" if "Unrecognized" in message else "error: "
+    assert proc.returncode != 0 and stderr.count(said) == 1 and message in stderr, stderr[-3000:]
     assert f'{SCRIPT}", line' not in stderr  # no traceback through the script (the launcher prints its own report)
     assert not os.path.exists(os.path.join(workdir, "runs"))
 
@@ -231,7 +241,8 @@ def test_sigterm_to_the_launcher_stops_every_process_with_the_steps_done(workdir
 
 
 def test_a_killed_process_ends_the_others_within_seconds(workdir):
-    proc = launch([*TINY, "--total-timesteps", 100_000], workdir)
+    """The first process keeps the summary and the model as the last whole update left it."""
+    proc = launch([*TINY, "--total-timesteps", 100_000, "--save-model"], workdir)
     wait_for_steps(proc, workdir)
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     environments = {
@@ -246,4 +257,8 @@ def test_a_killed_process_ends_the_others_within_seconds(workdir):
     assert "error: another process of this run ended" in stderr, stderr[-3000:]
     [summary] = summaries(workdir)
     assert summary["stopped"].startswith("another process of this run ended") and summary["steps_done"] > 0
+    (model,) = glob.glob(os.path.join(workdir, "runs", "*", "model.pt"))
+    weights = torch.load(model, weights_only=True)["agent"]
+    assert weights.keys() == load_script(SCRIPT).Agent(4).state_dict().keys()
+    assert all(torch.isfinite(value).all() for value in weights.values())
     assert_nothing_left_running(workdir)

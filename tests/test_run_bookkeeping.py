@@ -1,0 +1,148 @@
+"""The run bookkeeping lives in one module beside the scripts (leanrl_scripts/run_bookkeeping.py): each script imports
+it in one line and holds only its algorithm, within the size a reader was promised; the module holds no algorithm;
+the scripts run the ways users run them (from a clone, copied with the module, against a pip install)."""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
+
+# Whole files as ruff formats them at 120 columns. The seven scripts LeanRL and CleanRL also have are no longer
+# than LeanRL's compiled script of the same name (CleanRL's are 248-375 lines); the others carry what they exist to
+# show: PPO-LSTM its padded replay, the multi-process PPO its collectives, the Atari DQN the ALE back-end's
+# wrappers, the async DQN its actor process and rate limiter, IMPALA Ray and its actors.
+MAX_LINES = {
+    "sac_continuous_action.py": 373,
+    "td3_continuous_action.py": 345,
+    "ppo_continuous_action.py": 403,
+    "dqn.py": 271,
+    "ppo_atari_envpool.py": 436,
+    "ppo_atari_lstm.py": 470,
+    "ppo_atari_multigpu.py": 470,
+    "dqn_atari.py": 420,
+    "dqn_atari_async.py": 700,
+    "impala_ray.py": 800,
+    MODULE: 350,
+}
+# What a script may take from the module; the rest of it is private (a leading underscore).
+PUBLIC = {
+    "RunArgs",
+    "Run",
+    "Stopped",
+    "SIGNALS_RECEIVED",
+    "fail",
+    "check_signals",
+    "check_fits",
+    "tune_cpu",
+    "usable_cores",
+}
+
+
+def source(name):
+    with open(os.path.join(SCRIPTS, name)) as f:
+        return f.read()
+
+
+def test_every_script_and_the_module_have_a_size_limit():
+    assert sorted(MAX_LINES) == sorted([*ALL_SCRIPTS, MODULE])
+
+
+@pytest.mark.parametrize("name", sorted(MAX_LINES))
+def test_each_file_stays_within_its_size(name):
+    assert len(source(name).splitlines()) <= MAX_LINES[name]
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_script_imports_the_module_in_one_line_and_redefines_none_of_it(script):
+    tree = ast.parse(source(script))
+    imports = [node for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "run_bookkeeping"]
+    assert len(imports) == 1 and imports[0].lineno == imports[0].end_lineno
+    assert {alias.name for alias in imports[0].names} <= PUBLIC
+    assert not [
+        node for node in ast.walk(tree) if isinstance(node, ast.Import) and "run_bookkeeping" in ast.unparse(node)
+    ]
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert defined & PUBLIC == set()
+    assert "# ---- run bookkeeping" not in source(script)
+
+
+def test_the_module_has_a_few_public_names_each_with_a_docstring_and_no_algorithm():
+    tree = ast.parse(source(MODULE))
+    names = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    names.update({target.id: node for node in tree.body if isinstance(node, ast.Assign) for target in node.targets})
+    assert {name for name in names if not name.startswith("_")} == PUBLIC
+    undocumented = [
+        name
+        for name, node in names.items()
+        if not name.startswith("_") and not isinstance(node, ast.Assign) and ast.get_docstring(node) is None
+    ]
+    assert undocumented == []
+    # no networks, losses, env wrappers or replay storage: nothing of torch.nn, torch.optim or gymnasium is used
+    used = {ast.unparse(node) for node in ast.walk(tree) if isinstance(node, (ast.Attribute, ast.Name))}
+    imported = {
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
+    }
+    assert not {name for name in used if name.startswith(("torch.nn", "nn.", "torch.optim", "gym", "F."))}
+    assert not imported & {"torch.nn", "gymnasium", "envpool", "tensordict"}
+
+
+def test_a_script_copied_with_the_module_runs_outside_the_clone(tmp_path):
+    """The two files alone in a fresh folder, run from another: the copy of the module beside the script is the one
+    imported (a line it prints says so), whatever else the interpreter can import."""
+    project, elsewhere = tmp_path / "my_project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(os.path.join(SCRIPTS, "dqn.py"), project)
+    module = source(MODULE) + '\nprint("the copied module", file=sys.stderr)\n'
+    (project / MODULE).write_text(module)
+    args = ["--total-timesteps", 600, "--learning-starts", 200, "--eval-episodes", 1]
+    summary, proc = run_script(str(project / "dqn.py"), args, elsewhere, env={"PYTHONPATH": ""})
+    assert "the copied module" in proc.stderr and summary["steps_done"] == 600 and len(summary["eval_returns"]) == 1
+
+
+@pytest.mark.slow  # a fresh venv and a pip install: about a minute
+def test_a_copied_script_runs_against_a_plain_pip_install_of_the_project(tmp_path):
+    """`pip install .` (not editable) into a fresh venv installs the module as a top-level module: a script copied
+    alone into another project runs with it. The venv borrows this one's packages (torch and the rest) through a
+    .pth file placed after its own site-packages, so its own install of the module is the one imported."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    own, borrowed = (
+        subprocess.run(
+            [exe, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for exe in (python, sys.executable)
+    )
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", ROOT], capture_output=True, text=True
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    with open(os.path.join(own, "borrowed.pth"), "w") as f:
+        f.write(borrowed + "\n")
+    where = subprocess.run(
+        [python, "-c", "import run_bookkeeping; print(run_bookkeeping.__file__)"], capture_output=True, text=True
+    )
+    assert where.stdout.strip() == os.path.join(own, MODULE), where.stderr[-2000:]
+    project = tmp_path / "my_project"
+    project.mkdir()
+    shutil.copy(os.path.join(SCRIPTS, "dqn.py"), project)
+    args = ["--total-timesteps", "600", "--learning-starts", "200", "--eval-episodes", "1"]
+    proc = subprocess.run(
+        [python, str(project / "dqn.py"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith("SPEED ") and '"steps_done": 600' in proc.stdout

@@ -1,0 +1,64 @@
+"""Every scalar that CleanRL's script of the same name writes to TensorBoard, each script writes under the same tag, so
+that a user's dashboards carry over. The lists are CleanRL's (fe8d8a0), read off its scripts' add_scalar calls;
+dqn_atari_async.py is held to CleanRL's dqn_atari.py. IMPALA has no CleanRL counterpart."""
+
+import glob
+import os
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import run_script
+
+EPISODES = {"charts/episodic_return", "charts/episodic_length"}
+PPO = {f"losses/{name}" for name in ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")}
+PPO |= EPISODES | {"charts/SPS", "charts/learning_rate", "losses/explained_variance"}
+DQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values", "eval/episodic_return"}
+CRITICS = {f"losses/{name}" for name in ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")}
+CLEANRL_TAGS = {
+    "sac_continuous_action.py": EPISODES | CRITICS | {"losses/alpha", "losses/alpha_loss"},
+    "td3_continuous_action.py": EPISODES | CRITICS | {"eval/episodic_return"},
+    "ppo_continuous_action.py": PPO | {"eval/episodic_return"},
+    "dqn.py": DQN,
+    "dqn_atari.py": DQN,
+    "dqn_atari_async.py": DQN,
+    "ppo_atari_envpool.py": PPO | {"charts/avg_episodic_return"},
+    "ppo_atari_lstm.py": PPO,
+    "ppo_atari_multigpu.py": PPO,
+}
+PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 600, "--learning-starts", 200, "--batch-size", 32]
+# Runs long enough for episodes to end, updates to be logged and the speed to be measured; an evaluation where
+# CleanRL's script evaluates. A Breakout game with random actions ends within about 200 steps of each env.
+ATARI_PPO = ["--total-timesteps", 2048, "--num-steps", 128, "--eval-episodes", 0]
+ATARI_DQN = ["--total-timesteps", 1600, "--learning-starts", 400, "--buffer-size", 1600, "--num-envs", 4]
+RUNS = {
+    "sac_continuous_action.py": [*PENDULUM, "--measure-burnin", 5, "--eval-episodes", 0],
+    "td3_continuous_action.py": [*PENDULUM, "--measure-burnin", 5, "--eval-episodes", 1],
+    "ppo_continuous_action.py": [
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        1024,
+        "--num-steps",
+        256,
+        "--eval-episodes",
+        1,
+    ],
+    "dqn.py": ["--total-timesteps", 2000, "--learning-starts", 500, "--eval-episodes", 1],
+    "dqn_atari.py": [*ATARI_DQN, "--eval-episodes", 1],
+    "dqn_atari_async.py": [*ATARI_DQN, "--eval-episodes", 1],
+    "ppo_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
+    "ppo_atari_lstm.py": [*ATARI_PPO, "--num-envs", 8],
+    "ppo_atari_multigpu.py": [*ATARI_PPO, "--local-num-envs", 8],
+}
+
+
+@pytest.mark.parametrize("script", sorted(CLEANRL_TAGS))
+def test_every_tag_of_cleanrls_script_is_written(script, workdir):
+    if "atari" in script:
+        pytest.importorskip("envpool")
+    summary, _ = run_script(script, RUNS[script], workdir)
+    (events,) = glob.glob(os.path.join(summary["run_dir"], "events.out.tfevents.*"))
+    accumulator = EventAccumulator(events, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    assert CLEANRL_TAGS[script] - set(accumulator.Tags()["scalars"]) == set()
