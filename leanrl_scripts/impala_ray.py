@@ -688,8 +688,8 @@ if __name__ == "__main__":
     num_replayed = round(args.batch_size * args.replay_ratio)
     num_fresh = args.batch_size - num_replayed
     if num_fresh % args.envs_per_actor:
-        fresh = f"its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio))"
-        fail(f"a batch takes whole actor calls: {fresh} must be a multiple of --envs-per-actor {args.envs_per_actor}")
+        fresh = f"its {num_fresh} fresh unrolls (--batch-size x (1 - --replay-ratio)) must be a multiple"
+        fail(f"each batch takes whole actor calls: {fresh} of --envs-per-actor {args.envs_per_actor}")
     kind = env_kind(args.env_id)
     if args.resnet and kind != "atari":
         fail(f"--resnet is for Atari images; {args.env_id} has flat observations (an MLP)")

@@ -109,17 +109,9 @@ def make_envs(env_id, num_envs, seed=0, training=True, render=False):
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"{env_id} is not an Atari game: continuous control runs with ppo_continuous_action.py")
-    return envpool.make(
-        env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        stack_num=1,
-        num_threads=min(num_envs, usable_cores()),
-        episodic_life=training,
-        reward_clip=training,
-        seed=seed,
-        render_mode="rgb_array" if render else None,
-    )
+    game = dict(stack_num=1, episodic_life=training, reward_clip=training, render_mode="rgb_array" if render else None)
+    threads = min(num_envs, usable_cores())
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -352,7 +344,8 @@ if __name__ == "__main__":
         fractions=("gae_lambda",),
     )
     if args.num_envs % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} (whole env rows each)")
+        rows = f"--num-envs {args.num_envs}: minibatches are whole env rows"
+        fail(f"--num-minibatches {args.num_minibatches} must divide {rows}")
     envs_per_batch = args.num_envs // args.num_minibatches
     batch_size = args.num_envs * args.num_steps
     if 0 < args.total_timesteps < batch_size:

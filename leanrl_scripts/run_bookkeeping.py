@@ -1,7 +1,6 @@
-"""Run bookkeeping for the scripts beside it: what every script needs and no reader of its algorithm comes for. No
-algorithm lives here (no networks, losses, env wrappers or replay). Bad input: one line, exit code 2, before any work.
-Ctrl-C, SIGTERM: a clean stop, exit code 128 + signal. A non-finite value: exit code 1, no model. A stopped run still
-writes summary.json; every file is written atomically."""
+"""Run bookkeeping for the scripts beside it: what every script needs and no reader of its algorithm comes for; no
+algorithm (networks, losses, env wrappers, replay). Bad input: one line, exit code 2, before any work. Ctrl-C, SIGTERM:
+a clean stop, exit code 128 + signal. A non-finite value: exit code 1, no model. A stopped run writes its summary."""
 
 import ctypes
 import io
@@ -121,8 +120,8 @@ def tune_cpu(requested, device, threads, keep_freed_memory=False):
 
 
 class Stopped(Exception):
-    """Ends `with run.stoppable()`: the run keeps it as its reason, exits with `exit_code` and saves the model as it stood
-    (--save-model) unless `keep_model` is False (a diverged one)."""
+    """Ends `with run.stoppable()`: the run keeps it as its reason, exits with `exit_code` and saves the model as it
+    stood (--save-model) unless `keep_model` is False (a diverged one)."""
 
     def __init__(self, message, exit_code, keep_model=True):
         super().__init__(message)
@@ -271,7 +270,8 @@ class Run:
         values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
         for name, value in values.items():
             if not math.isfinite(value):
-                raise Stopped(f"step {step}: {name} is {value}, training diverged (lower the learning rate?)", 1, False)
+                diverged = f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)"
+                raise Stopped(diverged, 1, keep_model=False)
         for kind, scalars in (("losses", values), ("charts", charts)):
             for name, value in scalars.items():
                 self.writer.add_scalar(f"{kind}/{name}", value, step)

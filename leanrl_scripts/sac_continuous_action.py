@@ -252,6 +252,7 @@ if __name__ == "__main__":
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
+    # the cores idle at start: a second thread pays these 256-wide layers on an idle machine, not beside busy ones
     tune_cpu(args.torch_threads, device, threads="idle")
 
     envs = make_envs(args.env_id, args.num_envs)

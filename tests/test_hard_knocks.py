@@ -140,7 +140,7 @@ def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, 
 
 
 # Each script with one of the two signals, in turn; both for the scripts with processes of their own (the async DQN's
-# actor, IMPALA's Ray) and for SAC. The handler is the run block's, the same text in every script.
+# actor, IMPALA's Ray) and for SAC. The handler is the run bookkeeping module's, which every script imports.
 SIGNALLED = [
     (script, signum)
     for i, script in enumerate(CASES)

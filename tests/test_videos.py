@@ -48,8 +48,8 @@ def test_capture_video_records_the_first_evaluation_game(script, workdir):
 
 @pytest.mark.parametrize("script", ["dqn.py", "ppo_atari_envpool.py"])
 def test_capture_video_that_cannot_work_is_one_error_line_and_exit_code_2(script, workdir, tmp_path):
-    """The videos are made after the training: what would stop them must show before it (the check is the run block's,
-    the same text in every script)."""
+    """The videos are made after the training: what would stop them must show before it (the check is the run
+    bookkeeping module's, which every script imports)."""
     args = [*CASES[script]["base"], *CASES[script]["tiny"], "--capture-video"]
     line = the_one_error_line(script, [*args, "--eval-episodes", "0"], workdir)
     assert line == "error: --capture-video records the evaluation: it needs --eval-episodes 1 or more"
