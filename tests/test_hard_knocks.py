@@ -86,13 +86,12 @@ CASES = {
         lr="--learning-rate",
         other="dqn.py",
     ),
-    # no --load-model: the Ray actors would have to start from the checkpoint too (see the README)
     "impala_ray.py": dict(
         base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
         tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
         diverge=["--learning-rate", 1e30],
         lr="--learning-rate",
-        other=None,
+        other="dqn.py",
     ),
 }
 LONG = ["--total-timesteps", 10**7]  # a run that only a signal ends in the test's time

@@ -284,6 +284,20 @@ def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir
     assert proc.stderr.count("--cudagraphs needs CUDA") == ("cudagraphs" in mode)
 
 
+def test_a_checkpoint_evaluates_to_the_reported_score_and_refuses_another_core(workdir):
+    """--load-model: the learner's weights reach the actors through their first fetch; with --total-timesteps 0 the
+    run evaluates the checkpoint. One made without the LSTM core is refused for --lstm, by name."""
+    args = [*CARTPOLE, "--save-model", "--eval-episodes", 3]
+    trained, _ = run_script(SCRIPT, [*args, "--total-timesteps", 640], workdir)
+    model = os.path.join(trained["run_dir"], "model.pt")
+    loaded, _ = run_script(SCRIPT, [*args, "--total-timesteps", 0, "--load-model", model], workdir)
+    assert loaded["eval_returns"] == trained["eval_returns"] and loaded["steps_done"] == 0
+    _, proc = run_script(
+        SCRIPT, [*CARTPOLE, "--total-timesteps", 0, "--load-model", model, "--lstm"], workdir, check=False
+    )
+    assert proc.returncode == 2 and "lstm False); CartPole-v1 has obs_shape [4], num_actions 2" in proc.stderr
+
+
 def descendants(pid):
     """Every process below `pid`, from pgrep's parent links."""
     children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()

@@ -202,6 +202,13 @@ def test_same_seed_gives_identical_runs(workdir):
     assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
 
 
+def test_target_kl_stops_an_iterations_epochs(workdir):
+    """CleanRL's --target-kl: once the last minibatch's approximate KL exceeds it, the iteration's other epochs are
+    left out (here after the first: any update moves the policy further than 1e-12)."""
+    summary, _ = run_script(SCRIPT, [*TINY, "--target-kl", 1e-12, "--eval-episodes", 0], workdir)
+    assert summary["num_updates"] == 2 * 2  # 2 iterations x 2 minibatches, one of the 2 epochs each
+
+
 def test_padded_and_loop_runs_take_the_same_steps(workdir):
     """Same seed, same minibatches: the two implementations train to the same numbers (up to float rounding)."""
     padded, _ = run_script(SCRIPT, TINY, workdir)
