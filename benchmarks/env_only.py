@@ -67,22 +67,24 @@ def main():
                 "steps": len(actions) * args.num_envs,
                 "seconds": seconds,
                 "env_only_sps": len(actions) * args.num_envs / seconds,
-                **cores(script),
+                **cores(),
             }
         )
     )
 
 
-def cores(script):
+def cores():
     """What bounds the envs' parallelism here: the CPUs the machine has, those this process may run on, a cgroup
-    quota (a container's limit, in CPUs), and the cores the script counts as usable (envpool worker threads)."""
+    quota (a container's limit, in CPUs), and the cores the scripts count as usable (envpool worker threads)."""
+    from run_bookkeeping import usable_cores  # beside the script, on the path since main()
+
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:
             quota, period = f.read().split()
         quota = None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         quota = None
-    usable = script.usable_cores()
+    usable = usable_cores()
     return {
         "cpu_count": os.cpu_count(),
         "affinity_cores": len(os.sched_getaffinity(0)),

@@ -108,6 +108,7 @@ if __name__ == "__main__":
             json.dump(calls, f)
 
     sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python script.py`: the module beside it
     if os.environ.get("HOST_SYNC_PIECES"):
         probe_eager_pieces(sys.argv[0], set(os.environ["HOST_SYNC_PIECES"].split(",")))
     runpy.run_path(sys.argv[0], run_name="__main__")
