@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 
-# Whole files as ruff formats them at 120 columns. The seven scripts LeanRL and CleanRL also have are no longer
+# Whole files as ruff formats them at 120 columns. The five scripts LeanRL also has are no longer
 # than LeanRL's compiled script of the same name (CleanRL's are 248-375 lines); the others carry what they exist to
 # show: PPO-LSTM its padded replay, the multi-process PPO its collectives, the Atari DQN the ALE back-end's
 # wrappers, the async DQN its actor process and rate limiter, IMPALA Ray and its actors.
