@@ -5,10 +5,10 @@
 set -euo pipefail
 usage() {
     cat <<'TEXT'
-usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]]
-               [--quick | --smoke] [--results FOLDER]
-       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--rounds N]
-               [--budget-minutes M] [--run-timeout S] [--quick | --smoke] [--results FOLDER]
+usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
+                [--jax-python PY]] [--quick | --smoke] [--results FOLDER]
+       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--jax-python PY] [--rounds N]
+               [--budget-minutes M] [--run-timeout S] [--sides LIST] [--headline] [--quick | --smoke] [--results FOLDER]
 Runs every script in every speed mode (benchmarks/<algo>.sh), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
@@ -22,12 +22,18 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
   --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
   --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
+  --jax-python PY    with --learning and --compare: the Python that runs both projects' JAX scripts too
+                     (requirements/requirements-jax.txt; --compare's default: the reference Python)
   --compare          ours beside LeanRL's and CleanRL's scripts of the same names, every mode, same flags,
                      alternating, one JSON line per run in FOLDER/compare/runs.jsonl; a second call goes on
                      where the first stopped; then FOLDER/compare/compare.md and compare.png
-  --rounds N         with --compare: rounds of every run, medians over them (default 3)
+  --rounds N         with --compare: rounds of every run, medians over them (default 3; with --smoke 1, each
+                     side's headline runs only)
   --budget-minutes M with --compare: start no run that would not end within M minutes
   --run-timeout S    with --compare: stop a run after S seconds (it is recorded as stopped)
+  --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax (default: all)
+  --headline         with --compare: only each side's headline runs (ours at its default threads, each
+                     reference in its fastest mode)
   -h, --help         this text
   MODES="eager compile" ./run.sh ...   only those modes (default: all four)
 TEXT
@@ -46,7 +52,10 @@ while [ $# -gt 0 ]; do
         --rounds|--budget-minutes|--run-timeout)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             compare_args+=("$1" "$2"); shift ;;
-        --cleanrl|--leanrl|--reference-python)
+        --sides) [[ $# -ge 2 && $2 =~ ^[a-z,]+$ ]] || refuse "--sides needs a list such as ours,jax"
+            compare_args+=("$1" "$2"); shift ;;
+        --headline) compare_args+=("$1") ;;
+        --cleanrl|--leanrl|--reference-python|--jax-python)
             [ $# -ge 2 ] || refuse "$1 needs a value"; references+=("$1" "$2"); shift ;;
         --seeds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || refuse "--seeds needs a whole number, 1 or more"; seeds=$2 seeds_given=1; shift ;;
         *) refuse "unknown argument '$1' (a results folder is named with --results FOLDER)" ;;

@@ -8,8 +8,10 @@ same kind of machine, with where each figure was measured), writes speed.md and 
 prints the markdown.
 
 With --readme it rewrites each block of README.md between `<!-- compare:TAG -->` and `<!-- /compare:TAG -->` from
-benchmarks/results/TAG/compare/runs.jsonl (`./run.sh --compare`'s records), so that the README's speed tables are
-the results files' numbers; tests/test_benchmarks.py fails when they differ.
+benchmarks/results/TAG/compare/runs.jsonl (`./run.sh --compare`'s records; a TAG of MACHINE/FOLDER reads
+benchmarks/results/MACHINE/FOLDER/runs.jsonl, a sweep given its own --results), and each block between
+`<!-- learning:TAG -->` and `<!-- /learning:TAG -->` from benchmarks/results/TAG/learning/runs, so that the
+README's speed and learning tables are the results files' numbers; tests/test_benchmarks.py fails when they differ.
 """
 
 import glob
@@ -20,7 +22,8 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README_BLOCK = re.compile(r"(<!-- compare:([\w.-]+) -->\n)(.*?)(<!-- /compare:\2 -->)", re.S)
+LEARNING_BLOCK = re.compile(r"(<!-- learning:([\w.-]+) -->\n)(.*?)(<!-- /learning:\2 -->)", re.S)
+README_BLOCK = re.compile(r"(<!-- compare:([\w.-]+(?:/[\w.-]+)?) -->\n)(.*?)(<!-- /compare:\2 -->)", re.S)
 
 MODES = ["eager", "compile", "cudagraphs", "compile+cudagraphs"]
 MODE_COLORS = dict(zip(MODES, ["#888888", "#4c72b0", "#55a868", "#c44e52"]))  # a mode's colour in every panel
@@ -220,7 +223,7 @@ def readme_block(tag):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from compare import best_settings, each, load_runs, medians
 
-    folder = os.path.join("benchmarks", "results", tag, "compare")
+    folder = os.path.join("benchmarks", "results", tag if "/" in tag else os.path.join(tag, "compare"))
     records = load_runs(os.path.join(ROOT, folder, "runs.jsonl"))
     counts = sorted({count for _, count in medians(records).values()}) or [0]
     runs = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
@@ -235,11 +238,21 @@ def readme_block(tag):
     return "\n".join(lines) + "\n"
 
 
+def learning_block(tag):
+    """The README's learning table of the machine whose runs are in benchmarks/results/TAG/learning/runs."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from learning import readme_table
+
+    folder = os.path.join("benchmarks", "results", tag, "learning")
+    return "\n".join(readme_table(os.path.join(ROOT, folder))) + "\n"
+
+
 def update_readme(path=None):
     path = path or os.path.join(ROOT, "README.md")
     with open(path) as f:
         text = f.read()
     text = README_BLOCK.sub(lambda m: m.group(1) + readme_block(m.group(2)) + m.group(4), text)
+    text = LEARNING_BLOCK.sub(lambda m: m.group(1) + learning_block(m.group(2)) + m.group(4), text)
     with open(path, "w") as f:
         f.write(text)
 

@@ -26,12 +26,14 @@ import glob
 import json
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from references import check_clone, package_versions, write_reference
 
@@ -42,13 +44,34 @@ OFF_POLICY = {
     "quick": HALF_CHEETAH + ["--total-timesteps", "6000", "--learning-starts", "1000"],
     "smoke": ["--env-id", "Pendulum-v1", "--total-timesteps", "800", "--learning-starts", "200", "--batch-size", "32"],
 }
-# row: (our script, LeanRL's plain script, LeanRL's compiled script, CleanRL's script, {profile: flags all take})
+
+
+class Row(NamedTuple):
+    """A row: our script; LeanRL's plain and compiled scripts, CleanRL's ("" where it has none); the JAX scripts of
+    the same algorithm, (project, name) each, (project, name, "cuda") for one that runs on CUDA only; {profile: flags
+    every side takes}; the env id the references take where they name the env otherwise (CleanRL's ALE ids)."""
+
+    ours: str
+    leanrl_plain: str
+    leanrl_compiled: str
+    cleanrl: str
+    flags: dict
+    jax: tuple = ()
+    reference_env: str = ""
+
+
+ATARI_DQN = {  # benchmarks/dqn_atari.sh's budgets: learning starts early, the steady phase is what is timed
+    "full": ["--env-id", "Breakout-v5", "--total-timesteps", "12000", "--learning-starts", "4000"],
+    "quick": ["--env-id", "Breakout-v5", "--total-timesteps", "6000", "--learning-starts", "2000"],
+    "smoke": ["--env-id", "Breakout-v5", "--total-timesteps", "1000", "--learning-starts", "400"],
+}
 ROWS = {
-    "sac": ("sac_continuous_action.py", "sac_continuous_action", "sac_continuous_action_torchcompile",
-            "sac_continuous_action", OFF_POLICY),
-    "td3": ("td3_continuous_action.py", "td3_continuous_action", "td3_continuous_action_torchcompile",
-            "td3_continuous_action", OFF_POLICY),
-    "ppo_continuous": (
+    "sac": Row("sac_continuous_action.py", "sac_continuous_action", "sac_continuous_action_torchcompile",
+               "sac_continuous_action", OFF_POLICY),
+    "td3": Row("td3_continuous_action.py", "td3_continuous_action", "td3_continuous_action_torchcompile",
+               "td3_continuous_action", OFF_POLICY,
+               jax=(("LeanRL", "td3_continuous_action_jax"), ("CleanRL", "td3_continuous_action_jax"))),
+    "ppo_continuous": Row(
         "ppo_continuous_action.py", "ppo_continuous_action", "ppo_continuous_action_torchcompile",
         "ppo_continuous_action",
         {
@@ -57,55 +80,77 @@ ROWS = {
             "smoke": ["--env-id", "Pendulum-v1", "--total-timesteps", "2560", "--num-steps", "256"],
         },
     ),
-    "dqn": ("dqn.py", "dqn", "dqn_torchcompile", "dqn", {
+    "dqn": Row("dqn.py", "dqn", "dqn_torchcompile", "dqn", {
         "full": ["--env-id", "CartPole-v1", "--total-timesteps", "60000", "--learning-starts", "10000"],
         "quick": ["--env-id", "CartPole-v1", "--total-timesteps", "30000", "--learning-starts", "10000"],
         "smoke": ["--env-id", "CartPole-v1", "--total-timesteps", "1500", "--learning-starts", "500"],
-    }),
-    "ppo_atari": ("ppo_atari_envpool.py", "ppo_atari_envpool", "ppo_atari_envpool_torchcompile", "ppo_atari_envpool", {
+    }, jax=(("LeanRL", "dqn_jax"), ("CleanRL", "dqn_jax"))),
+    "ppo_atari": Row(
+        "ppo_atari_envpool.py", "ppo_atari_envpool", "ppo_atari_envpool_torchcompile", "ppo_atari_envpool", {
         "full": ["--env-id", "Breakout-v5", "--total-timesteps", "81920"],
         "quick": ["--env-id", "Breakout-v5", "--total-timesteps", "20480"],
         "smoke": ["--env-id", "Breakout-v5", "--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "64"],
-    }),
+        # the scan variant on CUDA only: on 2 CPU cores its scanned update ran 11x slower than the unscanned one
+        # (15 against 172 SPS at the smoke budget; each piece compiled once, as jax's compile log shows)
+        }, jax=(("LeanRL", "ppo_atari_envpool_xla_jax"), ("CleanRL", "ppo_atari_envpool_xla_jax"),
+                ("CleanRL", "ppo_atari_envpool_xla_jax_scan", "cuda"))),
+    # no LeanRL script; CleanRL's play ALE's Breakout through gymnasium with its own wrappers, ours envpool's (its
+    # default back-end), both with the DeepMind preprocessing
+    "dqn_atari": Row("dqn_atari.py", "", "", "dqn_atari", {
+        profile: flags + ["--buffer-size", "100000"] for profile, flags in ATARI_DQN.items()
+    }, jax=(("CleanRL", "dqn_atari_jax"),), reference_env="BreakoutNoFrameskip-v4"),
 }  # fmt: skip
-TITLES = {"sac": "SAC", "td3": "TD3", "ppo_continuous": "PPO continuous", "dqn": "DQN", "ppo_atari": "PPO Atari"}
+TITLES = {
+    "sac": "SAC", "td3": "TD3", "ppo_continuous": "PPO continuous", "dqn": "DQN", "ppo_atari": "PPO Atari",
+    "dqn_atari": "DQN Atari",
+}  # fmt: skip
 # a run's seconds before any record says better (a compiling run: twice), on a CPU and on CUDA
 GUESS_SECONDS = {False: {"smoke": 30, "quick": 90, "full": 240}, True: {"smoke": 30, "quick": 60, "full": 120}}
-SIDES = ("ours", "leanrl", "cleanrl")
+SIDES = ("ours", "leanrl", "cleanrl", "jax")
+PROJECT = {"leanrl": "LeanRL", "cleanrl": "CleanRL"}
+# XLA's CPU runtime takes every core; one thread is its Eigen pool switched off (the setting jax's own docs give)
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
-def plan(rows, rounds, cuda):
+def plan(rows, rounds, cuda, headline_only=False):
     """The runs in order: (row, side, script, mode, threads, round). Per round: each side's headline runs of every
-    row first (LeanRL's compiled script, CleanRL's, and ours at its default threads: on CUDA in its fastest mode,
-    on a CPU in both, so that --compile is timed beside eager), then the rest; within a row the sides go ours,
-    LeanRL, CleanRL, and our modes at one thread count one after the other, both orders reversed every other round
-    (runs late in a series ran slower here, so a fixed order would favour a mode)."""
+    row first (LeanRL's compiled script, CleanRL's, each JAX script, and ours at its default threads: on CUDA in its
+    fastest mode, on a CPU in both, so that --compile is timed beside eager), then the rest (none with
+    `headline_only`); within a row the sides go ours, LeanRL, CleanRL, JAX, and our modes at one thread count one
+    after the other, both orders reversed every other round (runs late in a series ran slower here, so a fixed order
+    would favour a mode). A JAX script's mode is "jit" (XLA compiles every jitted function at its first call)."""
     our_modes = ["eager", "compile", "cudagraphs", "compile+cudagraphs"] if cuda else ["eager", "compile"]
     leanrl_modes = ["compile", "cudagraphs", "compile+cudagraphs"] if cuda else ["compile"]
     our_threads = ["default"] if cuda else ["default", 1, 2]
     their_threads = [1] if cuda else [1, 2]
+    jax_threads = [1] if cuda else ["default", 1]
     runs = []
     for round_index in range(1, rounds + 1):
         forward = round_index % 2 == 1
         tiers = ([], [])
         for row in rows:
-            ours, leanrl_plain, leanrl_compiled, cleanrl, _ = ROWS[row]
+            spec = ROWS[row]
+            leanrl = [(spec.leanrl_compiled, mode, threads) for mode in leanrl_modes for threads in their_threads]
+            leanrl += [(spec.leanrl_plain, "eager", threads) for threads in their_threads]
+            jax = [f"{project.lower()}/{name}" for project, name, *only in spec.jax if cuda or only != ["cuda"]]
             by_side = {
                 "ours": [
-                    (ours, mode, threads) for threads in our_threads for mode in our_modes[:: 1 if forward else -1]
+                    (spec.ours, mode, threads) for threads in our_threads for mode in our_modes[:: 1 if forward else -1]
                 ],
-                "leanrl": [(leanrl_compiled, mode, threads) for mode in leanrl_modes for threads in their_threads]
-                + [(leanrl_plain, "eager", threads) for threads in their_threads],
-                "cleanrl": [(cleanrl, "eager", threads) for threads in their_threads],
+                "leanrl": leanrl if spec.leanrl_compiled else [],
+                "cleanrl": [(spec.cleanrl, "eager", threads) for threads in their_threads] if spec.cleanrl else [],
+                "jax": [(script, "jit", threads) for script in jax for threads in jax_threads],
             }
             headline = {
-                "ours": [(ours, mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)],
-                "leanrl": [(leanrl_compiled, leanrl_modes[-1], 1)],
-                "cleanrl": [(cleanrl, "eager", 1)],
+                "ours": [(spec.ours, mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)],
+                "leanrl": [(spec.leanrl_compiled, leanrl_modes[-1], 1)],
+                "cleanrl": [(spec.cleanrl, "eager", 1)],
+                "jax": [(script, "jit", jax_threads[0]) for script in jax],
             }
             for side in SIDES if forward else SIDES[::-1]:
                 for run in by_side[side]:
-                    tiers[run not in headline[side]].append((row, side, *run, round_index))
+                    if run in headline[side] or not headline_only:
+                        tiers[run not in headline[side]].append((row, side, *run, round_index))
         runs += tiers[0] + tiers[1]
     return runs
 
@@ -128,9 +173,19 @@ def estimate(records, row, side, mode, profile, cuda):
     return statistics.median(seconds) if seconds else GUESS_SECONDS[cuda][profile] * (2 if "compile" in mode else 1)
 
 
+def steady_sps(points, learning_starts):
+    """Steps per second between the third logged point after learning starts and the last, by the points' wall
+    times: what a script logs as it goes, less its random steps and the first updates (a JIT compilation, a
+    compiled graph's first call); None with fewer than two such points."""
+    points = [(step, wall) for step, wall in points if step > learning_starts][2:]
+    if len(points) < 2 or points[-1][1] <= points[0][1]:
+        return None
+    return (points[-1][0] - points[0][0]) / (points[-1][1] - points[0][1])
+
+
 def cleanrl_steady_sps(workdir, learning_starts):
-    """Steps per second between CleanRL's third TensorBoard SPS point after learning starts and its last, by the
-    points' wall times (its own SPS figure counts from the start, random steps and all)."""
+    """CleanRL's steady SPS, by the wall times of its TensorBoard SPS points (its own SPS figure counts from the
+    start, random steps and all)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = glob.glob(os.path.join(workdir, "runs", "*"))
@@ -140,25 +195,28 @@ def cleanrl_steady_sps(workdir, learning_starts):
     events.Reload()
     if "charts/SPS" not in events.Tags()["scalars"]:
         return None
-    points = [p for p in events.Scalars("charts/SPS") if p.step > learning_starts][2:]
-    if len(points) < 2 or points[-1].wall_time <= points[0].wall_time:
-        return None
-    return (points[-1].step - points[0].step) / (points[-1].wall_time - points[0].wall_time)
+    return steady_sps([(p.step, p.wall_time) for p in events.Scalars("charts/SPS")], learning_starts)
 
 
-def leanrl_steady_sps(workdir):
-    """The last speed LeanRL's script logged: steps per second since its burn-in."""
+def leanrl_steady_sps(workdir, learning_starts=None):
+    """The last speed LeanRL's script logged: steps per second since its burn-in. Its JAX scripts start that clock
+    before their first update, and so count its JIT compilation: for them (`learning_starts` given), the wall times
+    of the logged points as for CleanRL's, and the logged speed only where too few points came after learning
+    started (its PPO logs every tenth iteration, and its burn-in of three iterations leaves compilation out)."""
     path = os.path.join(workdir, "wandb_log.jsonl")
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        speeds = [row["speed"] for row in map(json.loads, f) if "speed" in row]
-    return speeds[-1] if speeds else None
+        rows = [row for row in map(json.loads, f) if "speed" in row]
+    timed = steady_sps([(row["step"], row["seconds"]) for row in rows], learning_starts or 0)
+    if learning_starts is not None and timed:
+        return timed
+    return rows[-1]["speed"] if rows else None
 
 
 def run_one(args, clones, row, side, script, mode, threads, limit):
     """One run in a scratch folder; its record (sps None with the reason when it gave none)."""
-    flags = list(ROWS[row][4][args.profile])
+    flags = list(ROWS[row].flags[args.profile])
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     env["MUJOCO_GL"] = "disable"  # no run renders, and an inherited MUJOCO_GL=egl without EGL fails at import
     record = {}
@@ -167,13 +225,20 @@ def run_one(args, clones, row, side, script, mode, threads, limit):
             command = [args.python, os.path.join(ROOT, "leanrl_scripts", script), *flags, "--eval-episodes", "0"]
             command += [] if threads == "default" else ["--torch-threads", str(threads)]
         else:
-            name = "LeanRL" if side == "leanrl" else "CleanRL"
-            path, record = write_reference(name, script, clones[side], workdir)
+            project = script.split("/")[0] if side == "jax" else side  # JAX scripts: leanrl/..., cleanrl/...
+            path, record = write_reference(PROJECT[project], script.split("/")[-1], clones[project], workdir)
             record["script_path"] = record.pop("script")
-            command = [args.reference_python, path, *flags]
-            env["OMP_NUM_THREADS"] = str(threads)
+            if ROWS[row].reference_env:
+                flags[flags.index("--env-id") + 1] = ROWS[row].reference_env
+            command = [args.jax_python if side == "jax" else args.reference_python, path, *flags]
+            if threads != "default":
+                env["OMP_NUM_THREADS"] = str(threads)
+            if side == "jax" and threads == 1:
+                env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + XLA_ONE_THREAD).strip()
         command += ["--compile"] * ("compile" in mode) + ["--cudagraphs"] * ("cudagraphs" in mode) + ["--seed", "1"]
-        record["command"] = " ".join(os.path.relpath(c, workdir) if c.startswith(workdir) else c for c in command)
+        settings = [f"{name}={shlex.quote(env[name])}" for name in ("OMP_NUM_THREADS", "XLA_FLAGS") if name in env]
+        words = [os.path.relpath(c, workdir) if c.startswith(workdir) else c for c in command]
+        record["command"] = " ".join(settings * (side != "ours") + words)
         started = time.time()
         # its own process group, so that a stopped run (the cap, Ctrl-C) takes its compile workers with it
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -192,11 +257,12 @@ def run_one(args, clones, row, side, script, mode, threads, limit):
             summary = json.loads(speed[-1][len("SPEED ") :]) if speed else {}
             record.update(sps=summary.get("sps"), warmup_seconds=summary.get("warmup_seconds"))
             record.update(torch_threads=summary.get("torch_threads"), device=summary.get("device"))
-        elif side == "leanrl":
-            record["sps"] = leanrl_steady_sps(workdir)
         else:
             starts = int(flags[flags.index("--learning-starts") + 1]) if "--learning-starts" in flags else 0
-            record["sps"] = cleanrl_steady_sps(workdir, starts)
+            if project == "leanrl":
+                record["sps"] = leanrl_steady_sps(workdir, starts if side == "jax" else None)
+            else:
+                record["sps"] = cleanrl_steady_sps(workdir, starts)
         if proc.returncode:
             tail = [line for line in stderr.strip().splitlines() if "Warning" not in line][-2:]
             record.update(sps=None, error=f"exit code {proc.returncode}: " + " / ".join(tail)[-600:])
@@ -246,28 +312,34 @@ def each(records, key, length=None):
 
 def env_of(records, row):
     """The env id the row's runs took, from their commands."""
-    words = next((r["command"].split() for r in records if r["row"] == row and "--env-id" in r["command"]), [])
+    commands = [r for r in records if r["row"] == row and "--env-id" in r["command"]]
+    ours = [r for r in commands if r["side"] == "ours"]
+    words = (ours or commands)[0]["command"].split() if commands else []
     return words[words.index("--env-id") + 1] if words else "its default env"
 
 
 def best_settings(records):
     """The table of each row's best setting per side and the ratios (compare.md's first, the README's), and
-    {(row, side): SPS}."""
+    {(row, side): SPS}. The JAX column is the faster of the two projects' JAX scripts, named."""
     table = medians(records)
-    lines = ["| script | ours: best | LeanRL: best | CleanRL: best | ours / LeanRL | ours / CleanRL |"]
-    lines.append("| --- | --- | --- | --- | ---: | ---: |")
+    jax = any(key[1] == "jax" for key in table)
+    lines = ["| script | ours: best | LeanRL: best | CleanRL: best |" + " JAX: best |" * jax]
+    lines[0] += " ours / LeanRL | ours / CleanRL |" + " ours / JAX |" * jax
+    lines.append("| --- " * (4 + jax) + "| ---: " * (2 + jax) + "|")
     best = {}
     for row in [row for row in ROWS if any(key[0] == row for key in table)]:
         cells = []
-        for side in SIDES:
+        for side in SIDES[: 3 + jax]:
             found = [(sps, key) for key, (sps, _) in table.items() if key[0] == row and key[1] == side]
             sps, key = max(found, key=lambda item: item[0]) if found else (None, None)
             best[row, side] = sps
             tried = any((r["row"], r["side"]) == (row, side) for r in records)
-            cells.append(f"{sps:.0f} ({key[3]}, {thread_words(key[4])})" if found else "no SPS" if tried else "-")
+            setting = f"{PROJECT[key[2].split('/')[0]]}'s {key[2].split('/')[1]}" if side == "jax" and key else None
+            setting = setting or (key and key[3])
+            cells.append(f"{sps:.0f} ({setting}, {thread_words(key[4])})" if found else "no SPS" if tried else "-")
         ratios = [
             f"{best[row, 'ours'] / best[row, side]:.2f}x" if best[row, "ours"] and best[row, side] else "-"
-            for side in ("leanrl", "cleanrl")
+            for side in SIDES[1 : 3 + jax]
         ]
         lines.append(f"| {TITLES.get(row, row)}, {env_of(records, row)} | " + " | ".join(cells + ratios) + " |")
     return lines, best
@@ -279,14 +351,27 @@ def write_tables(folder, records):
     table = medians(records)
     rows = [row for row in ROWS if any(key[0] == row for key in table)]
     ours = [r for r in records if r["side"] == "ours"]
-    theirs = [r for r in records if r["side"] != "ours"]
-    lines = [f"# Ours beside LeanRL and CleanRL: {each(records, 'machine')}", ""]
+    theirs = [r for r in records if r["side"] in ("leanrl", "cleanrl")]
+    jax = [r for r in records if r["side"] == "jax"]
+    lines = [f"# Ours beside LeanRL and CleanRL{', and their JAX scripts' * bool(jax)}: {each(records, 'machine')}", ""]
     lines.append(
         f"Measured {each(records, 'date')}, {each(records, 'profile')} budgets, one run at a time. Ours at "
-        f"{each(ours, 'commit', 8)} with {each(ours, 'packages')}; the references with {each(theirs, 'packages')}. "
-        "Made by `python benchmarks/compare.py` (`./run.sh --compare`); every run's command, SPS and time is a line "
-        "of runs.jsonl beside this page."
+        f"{each(ours, 'commit', 8)} with {each(ours, 'packages')}"
+        + (f"; the references with {each(theirs, 'packages')}" if theirs else "")
+        + (f"; the JAX scripts with {each(jax, 'packages')}" if jax else "")
+        + ". Made by `python benchmarks/compare.py` (`./run.sh --compare`); every run's command, SPS and time is a "
+        "line of runs.jsonl beside this page."
     )
+    if jax:
+        lines += [
+            "",
+            "The JAX scripts' steady SPS, like CleanRL's, comes from the wall times of the points they log, from the "
+            "third after learning starts: their JIT compilation (at each jitted function's first call) falls "
+            "before it. LeanRL's JAX scripts log to the wandb stand-in, which keeps each point's time. On a CPU they "
+            "run at XLA's default threads (its pool takes every core) and at one thread, "
+            f'`XLA_FLAGS="{XLA_ONE_THREAD}"` with `OMP_NUM_THREADS=1` for the torch that CleanRL\'s JAX scripts '
+            "log and buffer with.",
+        ]
     best_lines, best = best_settings(records)
     lines += [""] + best_lines
     lines += ["", "Every setting, median SPS over the rounds that gave one:", ""]
@@ -322,8 +407,8 @@ def write_tables(folder, records):
         return
     fig, ax = plt.subplots(figsize=(1.6 * max(len(rows), 2) + 2, 3.5))
     for i, side in enumerate(SIDES):
-        heights = [best[row, side] or 0 for row in rows]
-        ax.bar([j + (i - 1) * 0.27 for j in range(len(rows))], heights, width=0.27, label=side)
+        heights = [best.get((row, side)) or 0 for row in rows]
+        ax.bar([j + (i - 1.5) * 0.2 for j in range(len(rows))], heights, width=0.2, label=side)
     ax.set_xticks(range(len(rows)), rows)
     ax.set_ylabel("steady SPS, best setting")
     ax.set_yscale("log")
@@ -337,17 +422,34 @@ def main():
     parser.add_argument("--leanrl", metavar="CLONE", help="a clone of pytorch-labs/LeanRL")
     parser.add_argument("--cleanrl", metavar="CLONE", help="a clone of vwxyzjn/cleanrl")
     parser.add_argument("--reference-python", default=sys.executable, help="the Python that runs the references")
+    parser.add_argument(
+        "--jax-python",
+        help="the Python that runs the JAX scripts (requirements/requirements-jax.txt; default: --reference-python); "
+        "without jax, flax and optax there, the JAX scripts are left out",
+    )
     parser.add_argument("--profile", choices=("smoke", "quick", "full"), default="full")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="default: 3, and 1 with --profile smoke")
     parser.add_argument("--budget-minutes", type=float, default=None)
     parser.add_argument("--run-timeout", type=float, default=None, help="seconds after which a run is stopped")
     parser.add_argument("--only", default="", help="comma-separated rows from: " + ", ".join(ROWS))
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated sides from: " + ", ".join(SIDES))
+    parser.add_argument(
+        "--headline", action="store_true", help="only each side's headline runs (as --profile smoke does)"
+    )
     parser.add_argument("--results", help="default: benchmarks/results/<machine-tag>/compare")
     parser.add_argument("--collect", action="store_true", help="only write the tables from FOLDER/runs.jsonl")
     args = parser.parse_args()
     rows = args.only.split(",") if args.only else list(ROWS)
     if unknown := [row for row in rows if row not in ROWS]:
         parser.error(f"unknown rows {', '.join(unknown)}")
+    args.sides = args.sides.split(",")
+    if unknown := [side for side in args.sides if side not in SIDES]:
+        parser.error(f"unknown sides {', '.join(unknown)}")
+    args.rounds = args.rounds or (1 if args.profile == "smoke" else 3)
+    args.jax_python = args.jax_python or args.reference_python
+    for name in ("reference_python", "jax_python"):  # the runs start in scratch folders: a relative path from here
+        if os.sep in getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
     if args.rounds < 1 or (args.budget_minutes is not None and args.budget_minutes <= 0):
         parser.error("--rounds and --budget-minutes must be positive")
     clones = {"leanrl": args.leanrl, "cleanrl": args.cleanrl}
@@ -377,8 +479,18 @@ def sweep(args, rows, clones, path, records):
     shared = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "device": "cuda" if cuda else "cpu"}
     ours = {"commit": commit.strip() or "unknown", "packages": package_versions(args.python)}
     references = {"packages": package_versions(args.reference_python)}
+    jax = {"packages": package_versions(args.jax_python)}
+    runs = [
+        run
+        for run in plan(rows, args.rounds, cuda, headline_only=args.headline or args.profile == "smoke")
+        if run[1] in args.sides
+    ]
+    if any(run[1] == "jax" for run in runs) and (missing := missing_jax(args.jax_python)):
+        print(f"note: {args.jax_python} lacks {missing}: the JAX scripts are left out "
+              "(requirements/requirements-jax.txt, --jax-python)", flush=True)  # fmt: skip
+        runs = [run for run in runs if run[1] != "jax"]
     started = time.time()
-    for row, side, script, mode, threads, round_index in plan(rows, args.rounds, cuda):
+    for row, side, script, mode, threads, round_index in runs:
         key = (row, side, script, mode, threads, round_index, args.profile)
         if key in done:
             continue
@@ -388,7 +500,7 @@ def sweep(args, rows, clones, path, records):
             continue
         limits = [limit for limit in (left, args.run_timeout) if limit is not None]
         record = {**dict(zip(("row", "side", "script", "mode", "threads", "round", "profile"), key)), **shared}
-        record.update(ours if side == "ours" else references)
+        record.update(ours if side == "ours" else jax if side == "jax" else references)
         record.update(run_one(args, clones, row, side, script, mode, threads, min(limits) if limits else None))
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -396,6 +508,12 @@ def sweep(args, rows, clones, path, records):
         done.add(key)
         sps = f"{record['sps']:.1f} SPS" if record["sps"] else record["error"]
         print(f"{row} {side} {script} {mode} {threads} threads round {round_index}: {sps}", flush=True)
+
+
+def missing_jax(python):
+    """The JAX packages `python` cannot import, in words ("" when it has them all)."""
+    check = "import importlib.util as u; print(' '.join(m for m in ('jax', 'flax', 'optax') if not u.find_spec(m)))"
+    return subprocess.run([python, "-c", check], capture_output=True, text=True).stdout.strip().replace(" ", ", ")
 
 
 def machine_tag():

@@ -24,8 +24,11 @@ the commit, the command, the patches and the reference Python's package versions
 whose release for torch 2.13 needs tensordict<0.15 (ours takes 0.15): give them a Python of their own, e.g.
     python -m venv ref && ref/bin/pip install torch==2.13.0 torchrl==0.14.1 "gymnasium[mujoco]" envpool tyro \\
         tensorboard tqdm
-and --reference-python ref/bin/python. The references evaluate nothing, so the table compares every side on the
-mean training return of the last 20 episodes, the running mean LeanRL's scripts log (its last logged value).
+and --reference-python ref/bin/python; with --jax-python (a Python with requirements/requirements-jax.txt) the
+projects' JAX scripts of DQN, TD3 and PPO Atari run too. The table gives each side's seconds from the command to
+the task's score (THRESHOLDS), compilation included. The references evaluate nothing, so the table compares every
+side on the mean training return of the last 20 episodes, the running mean LeanRL's scripts log (its last logged
+value).
 """
 
 import argparse
@@ -145,20 +148,37 @@ TASKS = {
 LAUNCHERS = {"ppo_atari_multigpu_breakout": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]}
 EVAL_EPISODES = {"smoke": 2, "quick": 10, "full": 10}
 
+# the score a run reaches (the mean training return of its last 20 episodes) and the seconds from its command to it:
+# CartPole near its cap of 500, Pendulum's swing-up held, Hopper hopping, Breakout past the first wall
+THRESHOLDS = {
+    "sac_pendulum": -200, "td3_pendulum": -200, "sac_halfcheetah": 3000, "td3_halfcheetah": 3000,
+    "ppo_continuous_hopper": 1000, "dqn_cartpole": 475, "ppo_atari_breakout": 10, "impala_cartpole": 475,
+    "ppo_atari_multigpu_breakout": 10, "impala_cartpole_defaults": 475,
+}  # fmt: skip
+# side: CleanRL and LeanRL are the projects' PyTorch scripts, "<project>-JAX" their JAX ones (--jax-python runs them)
 REFERENCES = {
     "sac_pendulum": [("CleanRL", "sac_continuous_action"), ("LeanRL", "sac_continuous_action_torchcompile")],
-    "td3_pendulum": [("CleanRL", "td3_continuous_action"), ("LeanRL", "td3_continuous_action_torchcompile")],
+    "td3_pendulum": [
+        ("CleanRL", "td3_continuous_action"),
+        ("LeanRL", "td3_continuous_action_torchcompile"),
+        ("CleanRL-JAX", "td3_continuous_action_jax"),
+        ("LeanRL-JAX", "td3_continuous_action_jax"),
+    ],
     "sac_halfcheetah": [("CleanRL", "sac_continuous_action"), ("LeanRL", "sac_continuous_action_torchcompile")],
     "td3_halfcheetah": [("CleanRL", "td3_continuous_action"), ("LeanRL", "td3_continuous_action_torchcompile")],
     "ppo_continuous_hopper": [("CleanRL", "ppo_continuous_action"), ("LeanRL", "ppo_continuous_action_torchcompile")],
-    "dqn_cartpole": [("CleanRL", "dqn")],
-    "ppo_atari_breakout": [("CleanRL", "ppo_atari_envpool")],
+    "dqn_cartpole": [("CleanRL", "dqn"), ("CleanRL-JAX", "dqn_jax"), ("LeanRL-JAX", "dqn_jax")],
+    "ppo_atari_breakout": [
+        ("CleanRL", "ppo_atari_envpool"),
+        ("CleanRL-JAX", "ppo_atari_envpool_xla_jax"),
+        ("LeanRL-JAX", "ppo_atari_envpool_xla_jax"),
+    ],
 }  # IMPALA has no script in either project
 
 
-def tensorboard_scalars(run_dir):
-    """(steps, seconds since the writer opened, returns) of every training episode the run logged to TensorBoard,
-    and its losses/* scalars as {tag: [[step, value], ...]}."""
+def tensorboard_scalars(run_dir, started):
+    """(steps, seconds since `started` (the command's time), returns) of every training episode the run logged to
+    TensorBoard, and its losses/* scalars as {tag: [[step, value], ...]}."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
@@ -167,24 +187,25 @@ def tensorboard_scalars(run_dir):
     losses = {tag: [[row.step, row.value] for row in events.Scalars(tag)] for tag in tags if tag.startswith("losses/")}
     if "charts/episodic_return" not in tags:
         return [], [], [], losses
-    start = events.FirstEventTimestamp()
     rows = events.Scalars("charts/episodic_return")
-    return [row.step for row in rows], [row.wall_time - start for row in rows], [row.value for row in rows], losses
+    return [row.step for row in rows], [row.wall_time - started for row in rows], [row.value for row in rows], losses
 
 
-def logged_running_means(workdir):
-    """(steps, seconds, values) of the stub's wandb log: LeanRL's running mean of the last 20 episodes."""
+def logged_running_means(workdir, started):
+    """(steps, seconds since `started`, values) of the stub's wandb log: LeanRL's running mean of the last 20
+    episodes."""
     rows = []
     if os.path.exists(os.path.join(workdir, "wandb_log.jsonl")):
         with open(os.path.join(workdir, "wandb_log.jsonl")) as f:
             rows = [row for row in map(json.loads, f) if np.isfinite(row.get("episode_return", np.nan))]
-    return [row["step"] for row in rows], [row["seconds"] for row in rows], [row["episode_return"] for row in rows]
+    times = [row["time"] - started for row in rows]
+    return [row["step"] for row in rows], times, [row["episode_return"] for row in rows]
 
 
 def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, reference_python=None):
-    """One run of `task` with `seed` in a scratch folder, by our script or by `side`'s (a reference: CleanRL or
-    LeanRL, read from the clone `repo_dir`, run by `reference_python`); its record in
-    FOLDER/runs/<task>[__<side>]__seed<seed>.json."""
+    """One run of `task` with `seed` in a scratch folder, by our script or by `side`'s (a reference: CleanRL's or
+    LeanRL's, PyTorch or -JAX, read from the clone `repo_dir`, run by `reference_python`); its record in
+    FOLDER/runs/<task>[__<side>]__seed<seed>.json, its curve timed from the command."""
     tag = "" if side == "ours" else f"__{side.lower()}"
     record_path = os.path.join(folder, "runs", f"{task}{tag}__seed{seed}.json")
     if os.path.exists(record_path):
@@ -198,7 +219,7 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
             path = os.path.join(ROOT, script)
             flags += ["--eval-episodes", str(EVAL_EPISODES[profile])]
         else:
-            path, reference = write_reference(side, dict(REFERENCES[task])[side], repo_dir, workdir)
+            path, reference = write_reference(side.split("-")[0], dict(REFERENCES[task])[side], repo_dir, workdir)
             script = reference.pop("script")
             record.update(reference, packages=package_versions(reference_python))
         launcher = LAUNCHERS.get(task, []) if side == "ours" else []
@@ -213,15 +234,18 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
                 f"{' '.join(command)}\n{proc.stderr[-2000:]}"
             )
         tensorboard = glob.glob(os.path.join(workdir, "runs", "*"))
-        steps, times, returns, losses = tensorboard_scalars(tensorboard[0]) if tensorboard else ([], [], [], {})
+        steps, times, returns, losses = (
+            tensorboard_scalars(tensorboard[0], started) if tensorboard else ([], [], [], {})
+        )
         if not returns and side != "ours":
-            steps, times, returns = logged_running_means(workdir)
+            steps, times, returns = logged_running_means(workdir, started)
             record["returns_kind"] = "running mean of the last 20 episodes (LeanRL's wandb log)"
     record.update(
         command=" ".join([*launcher, script, *flags]),
         total_seconds=seconds,
         steps=steps,
         seconds=times,
+        seconds_from="command",
         returns=returns,
         losses=losses,
         steps_done=int(flags[flags.index("--total-timesteps") + 1]) if "--total-timesteps" in flags else None,
@@ -273,6 +297,32 @@ def final_training_return(record, window=20):
     return float(returns[-1]) if "returns_kind" in record else float(smoothed(returns, window)[-1])
 
 
+def seconds_to_score(record, threshold, window=20):
+    """Seconds from the run's command to its first training episode at which the mean return of the last `window`
+    episodes (LeanRL's: the running mean it logged) reached `threshold`, warm-up and compilation included; None where
+    it never did, or where the record's times do not count from the command (records from before they did)."""
+    if threshold is None or record.get("seconds_from") != "command":
+        return None
+    logged = "returns_kind" in record
+    means = record["returns"] if logged else smoothed(record["returns"], window)
+    for index, (mean, seconds) in enumerate(zip(means, record["seconds"])):
+        if mean >= threshold and (logged or index + 1 >= window):
+            return float(seconds)
+    return None
+
+
+def time_to_score(task, runs, spread=True):
+    """The seconds to the task's score over the seeds, as a table cell: the median, the lowest and highest (with
+    `spread`), and how many seeds reached it."""
+    if not any(run.get("seconds_from") == "command" for run in runs):
+        return "not timed"
+    reached = sorted(t for t in (seconds_to_score(run, THRESHOLDS.get(task)) for run in runs) if t is not None)
+    if not reached:
+        return f"not reached (0/{len(runs)})"
+    lowest_highest = f" [{reached[0]:.0f}, {reached[-1]:.0f}]" if spread and len(reached) > 1 else ""
+    return f"{np.median(reached):.0f}{lowest_highest} ({len(reached)}/{len(runs)})"
+
+
 def interquartile_mean(values):
     """rliable's IQM (scipy's trim_mean at 25%): the mean after dropping a quarter of the values, rounded down, at
     each end; with fewer than four seeds it is the mean."""
@@ -298,8 +348,8 @@ def final_table(records):
     lines = [
         "| task | side: script, env | steps | seeds | final eval return, mean +- std | 95% CI of the mean | IQM | "
         "final training return (last 20 episodes), mean +- std | 95% CI of the mean | IQM | "
-        "minutes a run (median) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "score | seconds to the score: median [lowest, highest] (seeds that reached it) | minutes a run (median) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     commands = []
     for task, sides in records.items():
@@ -316,7 +366,7 @@ def final_table(records):
             minutes = np.median([run["total_seconds"] for run in runs]) / 60
             lines.append(
                 f"| {task} | {side}: {script}, {env_id} | {first['steps_done']} | {len(runs)} | {evaluation} | "
-                f"{training} | {minutes:.1f} |"
+                f"{training} | {THRESHOLDS.get(task, '-')} | {time_to_score(task, runs)} | {minutes:.1f} |"
             )
             where = (
                 ""
@@ -330,6 +380,41 @@ def final_table(records):
     return "\n".join(lines + ["", "Commands:", *commands]) + "\n"
 
 
+SIDE_ORDER = ("ours", "CleanRL", "LeanRL", "CleanRL-JAX", "LeanRL-JAX")
+
+
+def readme_table(folder):
+    """The README's learning table from FOLDER/runs: per task, the score and each side's seconds to it (median over
+    seeds, timed from the command), its final training return and its minutes a run, then our final evaluation."""
+    records = load_records(folder)
+    lines = [
+        "| task | steps | seeds | score | seconds to the score, median (seeds that reached it) | training return, last "
+        "20 episodes | minutes a run | ours: final evaluation |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- | ---: |",
+    ]
+    for task in [task for task in TASKS if task in records]:
+        sides = sorted(records[task].items(), key=lambda item: SIDE_ORDER.index(item[0]))
+        ours = records[task].get("ours", [])
+        times, finals, minutes = [], [], []
+        for side, runs in sides:
+            times.append(f"{side} {time_to_score(task, runs, spread=False)}")
+            finals.append(f"{side} {np.mean([final_training_return(run) for run in runs]):.1f}")
+            minutes.append(f"{side} {np.median([run['total_seconds'] for run in runs]) / 60:.1f}")
+        evaluation = [run["summary"]["eval_return_mean"] for run in ours]
+        steps = max(run["steps_done"] for _, runs in sides for run in runs)
+        env_id = ours[0]["summary"]["env_id"] if ours else ""
+        lines.append(
+            f"| {task} ({env_id}) | {steps:,} | {max(len(runs) for _, runs in sides)} | {THRESHOLDS.get(task, '-')} | "
+            + " · ".join(times)
+            + " | "
+            + " · ".join(finals)
+            + " | "
+            + " · ".join(minutes)
+            + f" | {np.mean(evaluation):.1f} +- {np.std(evaluation):.1f} |"
+        )
+    return lines
+
+
 def smoothed(returns, window=20):
     """Each episode's return as the mean of the last `window` episodes: the running mean LeanRL's scripts log, so
     every side's line is the same measure."""
@@ -338,7 +423,13 @@ def smoothed(returns, window=20):
     return (sums[1:] - sums[np.arange(1, len(returns) + 1) - counts]) / counts
 
 
-COLORS = {"ours": "#4c72b0", "CleanRL": "#dd8452", "LeanRL": "#55a868"}
+COLORS = {
+    "ours": "#4c72b0",
+    "CleanRL": "#dd8452",
+    "LeanRL": "#55a868",
+    "CleanRL-JAX": "#c44e52",
+    "LeanRL-JAX": "#8172b3",
+}
 
 
 def chart(task, sides, path):
@@ -421,12 +512,19 @@ def main():
         help="the Python that runs the references (LeanRL's need torchrl 0.14, which needs "
         "tensordict<0.15; default: this one)",
     )
+    parser.add_argument(
+        "--jax-python",
+        help="the Python that runs the JAX references (requirements/requirements-jax.txt); without it they do not run",
+    )
     args = parser.parse_args()
     tasks = args.only.split(",") if args.only else [task for task in TASKS if args.profile in TASKS[task][1]]
     if unknown := [task for task in tasks if task not in TASKS or args.profile not in TASKS[task][1]]:
         parser.error(f"no {args.profile} budget for {', '.join(unknown)}")
     if args.seeds < 1:
         parser.error("--seeds must be 1 or more")
+    for name in ("reference_python", "jax_python"):  # the runs start in scratch folders: a relative path from here
+        if getattr(args, name) and os.sep in getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
     clones = {side: getattr(args, side.lower()) for side in REFERENCE_REPOS if getattr(args, side.lower())}
     for side, clone in clones.items():
         if problem := check_clone(side, clone):
@@ -435,10 +533,15 @@ def main():
     os.makedirs(folder, exist_ok=True)
     python = os.environ.get("PYTHON", sys.executable)  # run.sh's, as for its speed runs; else this interpreter
     for task in tasks:
-        references = [(side, clones[side]) for side, _ in REFERENCES.get(task, []) if side in clones]
+        references = [
+            (side, clones[side.split("-")[0]])
+            for side, _ in REFERENCES.get(task, [])
+            if side.split("-")[0] in clones and (args.jax_python or not side.endswith("-JAX"))
+        ]
         for seed in range(1, args.seeds + 1):
             for side, clone in [("ours", None), *references]:
-                run_task(task, seed, args.profile, folder, python, side, clone, args.reference_python)
+                reference_python = args.jax_python if side.endswith("-JAX") else args.reference_python
+                run_task(task, seed, args.profile, folder, python, side, clone, reference_python)
     collect(folder)
 
 

@@ -18,7 +18,7 @@ REFERENCE_REPOS = {
         "vwxyzjn/cleanrl",
         "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb",
         "cleanrl",
-        ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"],
+        ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py", "cleanrl_utils/atari_wrappers.py"],
     ),
     "LeanRL": ("pytorch-labs/LeanRL", "8dbb6336b7f6cc65cdbbeb2e86637c38867e2677", "leanrl", []),
 }
@@ -108,6 +108,56 @@ REFERENCE_PATCHES = {
         ),
     ],
 }
+
+
+def envpool_xla_patches(indent, num_envs):
+    """The JAX PPO scripts' envpool lines (XLA interface) for envpool's gymnasium API: `indent` and the name of the
+    env count differ between the scripts."""
+    return [
+        ("import gym\n", "import gymnasium as gym\n", REFERENCE_PATCHES["ppo_atari_envpool"][0][2]),
+        ('env_type="gym",', 'env_type="gymnasium",', "envpool's gymnasium API"),
+        (
+            f"{indent}envs.num_envs = {num_envs}\n{indent}envs.single_action_space = envs.action_space\n"
+            f"{indent}envs.single_observation_space = envs.observation_space\n{indent}envs.is_vector_env = True\n",
+            "",
+            "envpool's gymnasium env has these properties and takes no new values",
+        ),
+        (
+            "        handle, (next_obs, reward, next_done, info) = step_env(handle, action)\n",
+            "        handle, (next_obs, reward, terminated, truncated, info) = step_env(handle, action)\n"
+            '        next_done, info["TimeLimit.truncated"] = terminated | truncated, truncated\n',
+            "gymnasium's step returns terminations and truncations (gym's info had the truncations)",
+        ),
+        (
+            "    next_obs = envs.reset()\n",
+            "    next_obs, _ = envs.reset()\n",
+            "gymnasium's reset returns (observations, infos)",
+        ),
+        (
+            "    critic_params: flax.core.FrozenDict\n",
+            "    critic_params: flax.core.FrozenDict\n\n    def __contains__(self, key):\n        return False\n",
+            "flax's TrainState (since 0.8) asks whether the parameters hold an overwrite-with-gradient entry",
+        ),
+    ]
+
+
+REFERENCE_PATCHES["ppo_atari_envpool_xla_jax"] = envpool_xla_patches("    ", "args.num_envs")
+REFERENCE_PATCHES["ppo_atari_envpool_xla_jax_scan"] = envpool_xla_patches("        ", "num_envs") + [
+    (f"= jax.tree_map({names})", f"= jax.tree.map({names})", "jax 0.6 removed jax.tree_map for jax.tree.map")
+    for names in ("flatten, storage", "convert_data, flatten_storage")
+]
+# CleanRL's Atari DQNs (torch and JAX) play ALE through gymnasium, whose 1.x renamed two wrappers and registers ALE's
+# games only when asked
+ALE_DQN_PATCHES = [
+    (
+        "import gymnasium as gym\n",
+        "import ale_py\nimport gymnasium as gym\n\ngym.register_envs(ale_py)\n",
+        "gymnasium 1.x registers ALE's games (BreakoutNoFrameskip-v4, ...) only when asked",
+    ),
+    ("gym.wrappers.GrayScaleObservation(env)", "gym.wrappers.GrayscaleObservation(env)", "renamed in gymnasium 1.0"),
+    ("gym.wrappers.FrameStack(env, 4)", "gym.wrappers.FrameStackObservation(env, 4)", "renamed in gymnasium 1.0"),
+]
+REFERENCE_PATCHES["dqn_atari"] = REFERENCE_PATCHES["dqn_atari_jax"] = ALE_DQN_PATCHES
 # LeanRL's PPO Atari scripts (plain and compiled) have CleanRL's env set-up lines, so the same patches; its compiled
 # one also the copy of the weights for acting (else a rollout's graph holds them and the update backs through twice)
 REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"] + [
@@ -131,7 +181,9 @@ def log(data, step=None, **kwargs):
     kept = {key: float(data[key]) for key in ("episode_return", "speed") if key in data}
     if kept:
         with open("wandb_log.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, "seconds": time.time() - _start, **kept}) + "\\n")
+            step = None if step is None else int(step)  # a JAX script's step is an array
+            row = {"step": step, "seconds": time.time() - _start, "time": time.time(), **kept}
+            f.write(json.dumps(row) + "\\n")
 
 
 def finish(*args, **kwargs):
@@ -141,7 +193,7 @@ def finish(*args, **kwargs):
 
 PACKAGE_VERSIONS = """\
 from importlib.metadata import PackageNotFoundError, version
-names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl"]
+names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl", "jax", "jaxlib", "flax", "optax"]
 found = []
 for name in names:
     try:

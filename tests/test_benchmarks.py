@@ -379,6 +379,7 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
         tmp_path / "cleanrl",
         {
             "cleanrl/dqn.py": FAKE_CLEANRL_DQN,
+            "cleanrl/dqn_jax.py": FAKE_CLEANRL_DQN,
             "cleanrl_utils/__init__.py": "",
             "cleanrl_utils/buffers.py": "class ReplayBuffer:\n    pass\n",
         },
@@ -413,6 +414,20 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
             str(tmp_path / "leanrl"),
             sys.executable,
         )
+    learning.run_task(
+        "dqn_cartpole",
+        1,
+        "smoke",
+        str(folder),
+        sys.executable,
+        "CleanRL-JAX",
+        str(tmp_path / "cleanrl"),
+        sys.executable,
+    )
+    jax = json.loads((folder / "runs" / "dqn_cartpole__cleanrl-jax__seed1.json").read_text())
+    assert jax["command"].startswith("cleanrl/dqn_jax.py ") and jax["side"] == "CleanRL-JAX"
+    # timed from the command: its imports before the first episode, and no point after the run's end
+    assert jax["seconds_from"] == "command" and 0 < jax["seconds"][0] <= jax["seconds"][-1] <= jax["total_seconds"]
     dqn = json.loads((folder / "runs" / "dqn_cartpole__cleanrl__seed1.json").read_text())
     assert dqn["commit"] == cleanrl and dqn["command"] == "cleanrl/dqn.py --total-timesteps 2000 --learning-starts 500"
     assert dqn["steps_done"] == 2000 and len(dqn["returns"]) > 20 and "returns_kind" not in dqn
@@ -436,8 +451,9 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
         in rows["LeanRL: sac_continuous_action_torchcompile.py, its default env"]
     )
     assert "CleanRL: dqn.py, its default env" in rows and (folder / "dqn_cartpole.png").stat().st_size > 10_000
+    assert "| 475 | not reached (0/2) |" in rows["CleanRL: dqn.py, its default env"]  # alternating actions
     with open(folder / "curves.csv") as f:
-        assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "LeanRL"}
+        assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "CleanRL-JAX", "LeanRL"}
     monkeypatch.setitem(references.REFERENCE_PATCHES, "dqn", [("a line it lost\n", "", "a fix it needed")])
     with pytest.raises(SystemExit, match="no longer has the line patched for: a fix it needed"):
         learning.run_task(
@@ -450,6 +466,38 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
             str(tmp_path / "cleanrl"),
             sys.executable,
         )
+
+
+def test_the_seconds_to_a_score_against_a_plain_definition():
+    """The time to a score: the first episode at which the mean of the last 20 episodes' returns (all 20 there)
+    reaches the threshold, or LeanRL's logged running mean does; its seconds as the record counts them from the
+    command; None when never, or when the record's times are not the command's."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+
+    def plain(returns, seconds, threshold):
+        for end in range(20, len(returns) + 1):
+            if sum(returns[end - 20 : end]) / 20 >= threshold:
+                return seconds[end - 1]
+        return None
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        returns = list(np.cumsum(rng.normal(1, 3, rng.integers(1, 80))))
+        seconds = list(np.cumsum(rng.uniform(0.1, 2, len(returns))))
+        threshold = float(rng.uniform(0, 60))
+        record = {"returns": returns, "seconds": seconds, "seconds_from": "command"}
+        assert learning.seconds_to_score(record, threshold) == plain(returns, seconds, threshold)
+    logged = {"returns": [1.0, 5.0, 9.0], "seconds": [2.0, 3.0, 4.0], "seconds_from": "command", "returns_kind": "r"}
+    assert learning.seconds_to_score(logged, 5.0) == 3.0
+    assert learning.seconds_to_score({**logged, "seconds_from": None}, 5.0) is None
+    runs = [
+        {**logged, "returns": [-900.0] * 3, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]} for shift in (0, 10, 4)
+    ]
+    assert learning.time_to_score("td3_pendulum", runs) == "not reached (0/3)"
+    runs[1]["returns"] = [-300.0, -150.0, -100.0]
+    runs[2]["returns"] = [-150.0, -150.0, -150.0]
+    assert learning.time_to_score("td3_pendulum", runs) == "10 [6, 13] (2/3)"
 
 
 def test_the_learning_benchmark_starts_the_several_process_task_through_torchrun(tmp_path, monkeypatch):
@@ -533,7 +581,11 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
     monkeypatch.setattr(
         compare,
         "ROWS",
-        {"fake": ("fake.py", "fake_plain", "fake_compiled", "fake", {"smoke": ["--learning-starts", "200"]})},
+        {
+            "fake": compare.Row(
+                "fake.py", "fake_plain", "fake_compiled", "fake", {"quick": ["--learning-starts", "200"]}
+            )
+        },
     )
     monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
     monkeypatch.setitem(references.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl", []))
@@ -556,7 +608,7 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
 
     results = tmp_path / "results"
     argv = ["compare.py", "--leanrl", str(tmp_path / "leanrl"), "--cleanrl", str(tmp_path / "cleanrl")]
-    argv += ["--profile", "smoke", "--rounds", "1", "--results", str(results)]
+    argv += ["--profile", "quick", "--rounds", "1", "--results", str(results)]
     monkeypatch.setattr(sys, "argv", argv + ["--budget-minutes", "0.001"])
     compare.main()
     assert "left for a later call" in capsys.readouterr().out and not (results / "runs.jsonl").exists()
@@ -589,6 +641,105 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
     ]  # only the two missing runs
 
 
+# stands in for LeanRL's JAX scripts: a running speed logged to wandb from before the first update, whose JIT
+# compilation (a second here) it counts; a step as the JAX array its loop carries
+FAKE_LEANRL_JAX = """\
+import time
+
+import numpy as np
+import wandb
+
+for step in range(100, 1100, 100):
+    time.sleep(1.0 if step == 300 else 0.1)
+    wandb.log({"speed": 7.0, "episode_return": 1.0}, step=np.array(step))
+"""
+# stands in for CleanRL's JAX scripts: TensorBoard SPS points, 2000 steps a second by their wall times at XLA's
+# default threads and 500 at one thread, after a slow first update
+FAKE_CLEANRL_JAX = """\
+import os
+
+from torch.utils.tensorboard import SummaryWriter
+
+rate = 500 if "xla_cpu_multi_thread_eigen=false" in os.environ.get("XLA_FLAGS", "") else 2000
+writer = SummaryWriter("runs/fake")
+for step in range(100, 1100, 100):
+    writer.add_scalar("charts/SPS", 1, step, walltime=1e9 + (0 if step <= 300 else 50 + (step - 300) / rate))
+writer.close()
+"""
+
+
+def test_the_comparison_runs_the_jax_scripts_as_a_family_and_a_smoke_runs_each_sides_headline_once(
+    tmp_path, monkeypatch, capsys
+):
+    """The JAX scripts of both projects beside ours: on a CPU each at XLA's default threads (the headline) and at
+    one (XLA_FLAGS in its command), a script marked for CUDA only left out there; their steady SPS by the wall times
+    of their logged points from the third after learning starts, so the JIT compilation and the speed LeanRL's log
+    counts from before it are left out; the table's JAX column names the fastest. `--profile smoke` runs one round
+    of every side's headline runs; a Python without jax leaves the JAX scripts out with one line."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import argparse
+
+    import compare
+    import references
+
+    ours_root = tmp_path / "ours"
+    (ours_root / "leanrl_scripts").mkdir(parents=True)
+    (ours_root / "leanrl_scripts" / "fake.py").write_text(FAKE_OURS_FOR_SPEED)
+    leanrl = fake_repository(tmp_path / "leanrl", {"leanrl/fake_jax.py": FAKE_LEANRL_JAX})
+    cleanrl = fake_repository(
+        tmp_path / "cleanrl", {"cleanrl/fake_jax.py": FAKE_CLEANRL_JAX, "cleanrl/fake_scan.py": FAKE_CLEANRL_JAX}
+    )
+    jax = (("LeanRL", "fake_jax"), ("CleanRL", "fake_jax"), ("CleanRL", "fake_scan", "cuda"))
+    flags = {"smoke": ["--learning-starts", "200"]}
+    monkeypatch.setattr(compare, "ROOT", str(ours_root))
+    monkeypatch.setattr(compare, "ROWS", {"fake": compare.Row("fake.py", "", "", "", flags, jax=jax)})
+    monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
+    monkeypatch.setitem(references.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl", []))
+    monkeypatch.delenv("PYTHON", raising=False)
+
+    jax_runs = [run[2:5] for run in compare.plan(["fake"], rounds=1, cuda=False) if run[1] == "jax"]
+    assert jax_runs == [
+        (f"{project}/fake_jax", "jit", threads) for threads in ("default", 1) for project in ("leanrl", "cleanrl")
+    ]  # fmt: skip  (the headline tier first)
+    assert ("cleanrl/fake_scan", "jit", 1) in [run[2:5] for run in compare.plan(["fake"], rounds=1, cuda=True)]
+    smoke = compare.plan(["fake"], rounds=1, cuda=False, headline_only=True)
+    assert [run[1:5] for run in smoke] == [
+        ("ours", "fake.py", "eager", "default"),
+        ("ours", "fake.py", "compile", "default"),
+        ("jax", "leanrl/fake_jax", "jit", "default"),
+        ("jax", "cleanrl/fake_jax", "jit", "default"),
+    ]
+
+    args = argparse.Namespace(profile="smoke", jax_python=sys.executable)
+    clones = {"cleanrl": str(tmp_path / "cleanrl")}
+    one_thread = compare.run_one(args, clones, "fake", "jax", "cleanrl/fake_jax", "jit", 1, limit=60)
+    assert one_thread["sps"] == pytest.approx(500, rel=1e-3)
+    assert one_thread["command"].startswith(f"OMP_NUM_THREADS=1 XLA_FLAGS='{compare.XLA_ONE_THREAD}' ")
+
+    results = tmp_path / "results"
+    argv = ["compare.py", "--leanrl", str(tmp_path / "leanrl"), "--cleanrl", str(tmp_path / "cleanrl")]
+    monkeypatch.setattr(sys, "argv", argv + ["--profile", "smoke", "--results", str(results)])
+    monkeypatch.setattr(compare, "missing_jax", lambda python: "jax, flax")
+    compare.main()
+    assert "lacks jax, flax: the JAX scripts are left out" in capsys.readouterr().out
+    assert [r["side"] for r in compare.load_runs(results / "runs.jsonl")] == ["ours", "ours"]
+
+    monkeypatch.setattr(compare, "missing_jax", lambda python: "")
+    compare.main()
+    records = {r["script"]: r for r in compare.load_runs(results / "runs.jsonl") if r["side"] == "jax"}
+    assert list(records) == ["leanrl/fake_jax", "cleanrl/fake_jax"] and all(r["round"] == 1 for r in records.values())
+    assert 300 < records["leanrl/fake_jax"]["sps"] <= 1000  # 100 steps a 0.1 s sleep: not its logged 7, nor the JIT
+    assert records["cleanrl/fake_jax"]["sps"] == pytest.approx(2000, rel=1e-3)
+    assert "XLA_FLAGS" not in records["cleanrl/fake_jax"]["command"]
+    table = (results / "compare.md").read_text()
+    assert "| script | ours: best | LeanRL: best | CleanRL: best | JAX: best |" in table
+    assert (
+        "| 202 (compile, its default threads) | - | - | 2000 (CleanRL's fake_jax, its default threads) | - | - "
+        "| 0.10x |" in table
+    )
+    assert "JIT compilation" in table
+
+
 def test_the_readme_speed_tables_are_the_results_files():
     """The README's comparison tables are what `benchmarks/collect.py --readme` makes of the results files: a number
     typed by hand, or results that changed without the README, fail here."""
@@ -597,9 +748,14 @@ def test_the_readme_speed_tables_are_the_results_files():
 
     with open(os.path.join(ROOT, "README.md")) as f:
         blocks = collect.README_BLOCK.findall(f.read())
-    assert {tag for _, tag, _, _ in blocks} == {"cpu-2core", "nvidia-h200"}
+    assert {tag for _, tag, _, _ in blocks} == {"cpu-2core", "cpu-2core/compare-jax", "nvidia-h200"}
     for _, tag, body, _ in blocks:
         assert body == collect.readme_block(tag), f"README's {tag} table: run python benchmarks/collect.py --readme"
+    with open(os.path.join(ROOT, "README.md")) as f:
+        learning_blocks = collect.LEARNING_BLOCK.findall(f.read())
+    assert [tag for _, tag, _, _ in learning_blocks] == ["cpu-2core"]
+    for _, tag, body, _ in learning_blocks:
+        assert body == collect.learning_block(tag), f"README's {tag} learning table: run collect.py --readme"
 
 
 def test_a_run_the_comparison_stops_takes_its_child_processes_with_it(tmp_path, monkeypatch):
@@ -618,7 +774,7 @@ def test_a_run_the_comparison_stops_takes_its_child_processes_with_it(tmp_path, 
         "time.sleep(60)\n"
     )
     monkeypatch.setattr(compare, "ROOT", str(tmp_path))
-    monkeypatch.setattr(compare, "ROWS", {"stuck": ("stuck.py", "", "", "", {"smoke": []})})
+    monkeypatch.setattr(compare, "ROWS", {"stuck": compare.Row("stuck.py", "", "", "", {"smoke": []})})
     args = argparse.Namespace(profile="smoke", python=sys.executable)
     record = compare.run_one(args, {}, "stuck", "ours", "stuck.py", "eager", "default", limit=3)
     assert record["sps"] is None and record["error"] == "stopped after 3 s"
@@ -632,9 +788,9 @@ def test_a_run_the_comparison_stops_takes_its_child_processes_with_it(tmp_path, 
 def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps(tmp_path):
     """The reference scripts as upstream wrote them, where clones are given (LEANRL_CLONE and CLEANRL_CLONE, and
     REFERENCE_PYTHON: a Python with stable-baselines3 and torchrl, else this one): every script the comparison and
-    the learning benchmark run is read at its pinned commit, every patch finds its line and the result parses; then
-    DQN's three reference runs (LeanRL plain and compiled, CleanRL) at the smoke budget each give a steady SPS, read
-    the way compare.py reads it from the real script's logs."""
+    the learning benchmark run, the JAX ones included, is read at its pinned commit, every patch finds its line and
+    the result parses; then DQN's reference runs (LeanRL plain and compiled, CleanRL, and with JAX_PYTHON both
+    dqn_jax.py) at the smoke budget each give a steady SPS, read the way compare.py reads it from the real logs."""
     import argparse
     import ast
 
@@ -649,19 +805,25 @@ def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps(tmp_
             pytest.skip(f"no clone of {side}: set {side.upper()}_CLONE to one (a plain git clone) to run this test")
         if problem := references.check_clone(side, clone):
             pytest.fail(problem)
-    scripts = {("LeanRL", name) for row in compare.ROWS.values() for name in row[1:3]}
-    scripts |= {("CleanRL", row[3]) for row in compare.ROWS.values()}
-    scripts |= {pair for pairs in learning.REFERENCES.values() for pair in pairs}
+    rows = compare.ROWS.values()
+    scripts = {("LeanRL", name) for row in rows for name in (row.leanrl_plain, row.leanrl_compiled) if name}
+    scripts |= {("CleanRL", row.cleanrl) for row in rows} | {tuple(jax[:2]) for row in rows for jax in row.jax}
+    scripts |= {(side.split("-")[0], name) for pairs in learning.REFERENCES.values() for side, name in pairs}
+    assert ("CleanRL", "ppo_atari_envpool_xla_jax_scan") in scripts and ("LeanRL", "dqn_jax") in scripts
     for side, name in sorted(scripts):
         _, text, reasons = references.reference_script(side, name, clones[side])
         ast.parse(text)
         assert len(reasons) == 1 + len(references.REFERENCE_PATCHES.get(name, []))
 
     args = argparse.Namespace(profile="smoke", reference_python=os.environ.get("REFERENCE_PYTHON", sys.executable))
+    args.jax_python = os.environ.get("JAX_PYTHON")
     given = {"leanrl": clones["LeanRL"], "cleanrl": clones["CleanRL"]}
-    _, plain, compiled, cleanrl, _ = compare.ROWS["dqn"]
-    runs = (("leanrl", plain, "eager"), ("leanrl", compiled, "compile"), ("cleanrl", cleanrl, "eager"))
+    dqn = compare.ROWS["dqn"]
+    runs = [("leanrl", dqn.leanrl_plain, "eager"), ("leanrl", dqn.leanrl_compiled, "compile")]
+    runs += [("cleanrl", dqn.cleanrl, "eager")]
+    # with JAX_PYTHON (a Python with requirements/requirements-jax.txt), both projects' dqn_jax.py as well
+    runs += [("jax", f"{project.lower()}/{name}", "jit") for project, name in dqn.jax] * bool(args.jax_python)
     for side, script, mode in runs:
         record = compare.run_one(args, given, "dqn", side, script, mode, 1, limit=600)
         assert record["sps"] and record["sps"] > 0, (script, record.get("error"))
-        assert record["commit"] == references.REFERENCE_REPOS["LeanRL" if side == "leanrl" else "CleanRL"][1]
+        assert record["commit"] == references.REFERENCE_REPOS["LeanRL" if "leanrl" in script else "CleanRL"][1]
