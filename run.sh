@@ -8,7 +8,8 @@ usage() {
 usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
                 [--jax-python PY]] [--quick | --smoke] [--results FOLDER]
        ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--jax-python PY] [--rounds N]
-               [--budget-minutes M] [--run-timeout S] [--sides LIST] [--headline] [--quick | --smoke] [--results FOLDER]
+               [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
+               [--quick | --smoke] [--results FOLDER]
 Runs every script in every speed mode (benchmarks/<algo>.sh), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
@@ -32,6 +33,7 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --budget-minutes M with --compare: start no run that would not end within M minutes
   --run-timeout S    with --compare: stop a run after S seconds (it is recorded as stopped)
   --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax (default: all)
+  --only LIST        with --compare: only these rows, from sac,td3,ppo_continuous,dqn,ppo_atari,dqn_atari
   --headline         with --compare: only each side's headline runs (ours at its default threads, each
                      reference in its fastest mode)
   -h, --help         this text
@@ -52,7 +54,7 @@ while [ $# -gt 0 ]; do
         --rounds|--budget-minutes|--run-timeout)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             compare_args+=("$1" "$2"); shift ;;
-        --sides) [[ $# -ge 2 && $2 =~ ^[a-z,]+$ ]] || refuse "--sides needs a list such as ours,jax"
+        --sides|--only) [[ $# -ge 2 && $2 =~ ^[a-z_,]+$ ]] || refuse "$1 needs a list such as ${1/--only/dqn,td3}"
             compare_args+=("$1" "$2"); shift ;;
         --headline) compare_args+=("$1") ;;
         --cleanrl|--leanrl|--reference-python|--jax-python)

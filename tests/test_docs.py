@@ -36,6 +36,11 @@ OTHER_COMMANDS = {
     "--cleanrl",
     "--leanrl",
     "--reference-python",
+    "--jax-python",
+    "--sides",
+    "--headline",
+    "--only",
+    "--xla-cpu-multi-thread-eigen",  # an XLA flag, in XLA_FLAGS
     "--logdir",
     "--busy",
 }
