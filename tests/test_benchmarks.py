@@ -826,4 +826,5 @@ def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps(tmp_
     for side, script, mode in runs:
         record = compare.run_one(args, given, "dqn", side, script, mode, 1, limit=600)
         assert record["sps"] and record["sps"] > 0, (script, record.get("error"))
-        assert record["commit"] == references.REFERENCE_REPOS["LeanRL" if "leanrl" in script else "CleanRL"][1]
+        project = "LeanRL" if "leanrl" in (side, script.split("/")[0]) else "CleanRL"
+        assert record["commit"] == references.REFERENCE_REPOS[project][1]
