@@ -108,7 +108,7 @@ TITLES = {
 GUESS_SECONDS = {False: {"smoke": 30, "quick": 90, "full": 240}, True: {"smoke": 30, "quick": 60, "full": 120}}
 SIDES = ("ours", "leanrl", "cleanrl", "jax")
 PROJECT = {"leanrl": "LeanRL", "cleanrl": "CleanRL"}
-# XLA's CPU runtime takes every core; one thread is its Eigen pool switched off (the setting jax's own docs give)
+# XLA's CPU runtime takes every core; one thread: its Eigen pool switched off, the flags jax users pass for one thread
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
