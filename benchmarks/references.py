@@ -136,14 +136,14 @@ def envpool_xla_patches(indent, num_envs):
         (
             "    critic_params: flax.core.FrozenDict\n",
             "    critic_params: flax.core.FrozenDict\n\n    def __contains__(self, key):\n        return False\n",
-            "flax's TrainState (since 0.8) asks whether the parameters hold an overwrite-with-gradient entry",
+            "flax 0.12's TrainState asks whether the parameters hold an overwrite-with-gradient entry",
         ),
     ]
 
 
 REFERENCE_PATCHES["ppo_atari_envpool_xla_jax"] = envpool_xla_patches("    ", "args.num_envs")
 REFERENCE_PATCHES["ppo_atari_envpool_xla_jax_scan"] = envpool_xla_patches("        ", "num_envs") + [
-    (f"= jax.tree_map({names})", f"= jax.tree.map({names})", "jax 0.6 removed jax.tree_map for jax.tree.map")
+    (f"= jax.tree_map({names})", f"= jax.tree.map({names})", "jax 0.10 has no jax.tree_map: jax.tree.map is its name")
     for names in ("flatten, storage", "convert_data, flatten_storage")
 ]
 # CleanRL's Atari DQNs (torch and JAX) play ALE through gymnasium, whose 1.x renamed two wrappers and registers ALE's
