@@ -281,12 +281,12 @@ def mean_over_processes(values, group):
 def stop_together(group):
     """Every process stops at the same step, so none is left waiting in a collective: a signal any of them got
     (torchrun hands Ctrl-C and SIGTERM to all) is agreed on by one all-reduce of one number per env step."""
+    signum = torch.tensor(SIGNALS_RECEIVED[:1] or [0])
     if group is not None:
-        signum = torch.tensor(SIGNALS_RECEIVED[:1] or [0])
         all_reduce(signum, group, dist.ReduceOp.MAX)
-        if signum.item() and not SIGNALS_RECEIVED:
-            SIGNALS_RECEIVED.append(int(signum.item()))
-    check_signals()
+    if signum.item():  # the agreed number alone decides: a signal noted during the all-reduce waits for the next
+        SIGNALS_RECEIVED.append(int(signum.item()))  # the line names the first: a process's own, else this one
+        check_signals()
 
 
 def game_video(folder, first_frame, fps=15):

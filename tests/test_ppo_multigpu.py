@@ -240,6 +240,31 @@ def test_sigterm_to_the_launcher_stops_every_process_with_the_steps_done(workdir
     assert_nothing_left_running(workdir)
 
 
+def test_a_signal_during_the_stop_all_reduce_waits_for_the_next_one(monkeypatch):
+    """The race behind a flaky SIGTERM stop: a process that notes its signal while the all-reduce of one number runs
+    must not stop on its own (its peer, which sent 0, steps on into the next collective and finds it gone); the
+    agreed number alone decides, and the signal goes into the next step's number."""
+    module = load_script(SCRIPT)
+    received = module.SIGNALS_RECEIVED  # the list the signal handler fills and check_signals reads
+    received.clear()
+
+    def all_reduce_during_which_sigterm_comes(tensor, group, op):  # the peer sends 0
+        received.append(signal.SIGTERM)  # the handler runs while the collective is under way
+
+    try:
+        monkeypatch.setattr(module, "all_reduce", all_reduce_during_which_sigterm_comes)
+        module.stop_together(group=object())  # agreed: 0 from both; no stop
+        with pytest.raises(module.Stopped, match="stopped by SIGTERM"):
+            module.stop_together(group=object())  # this time the process sends it, and both stop here
+
+        received.clear()
+        monkeypatch.setattr(module, "all_reduce", lambda tensor, group, op: tensor.fill_(signal.SIGINT))
+        with pytest.raises(module.Stopped, match="stopped by SIGINT"):  # a peer's signal stops one that got none
+            module.stop_together(group=object())
+    finally:
+        received.clear()
+
+
 def test_a_killed_process_ends_the_others_within_seconds(workdir):
     """The first process keeps the summary and the model as the last whole update left it."""
     proc = launch([*TINY, "--total-timesteps", 100_000, "--save-model"], workdir)
