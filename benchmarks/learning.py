@@ -16,8 +16,9 @@ highest seed as a band). Profiles: quick fits a 2-core CPU (hours with PPO Atari
 smoke checks the files in about a minute.
 
 With --cleanrl and --leanrl (clones of vwxyzjn/cleanrl and pytorch-labs/LeanRL), each seed of a task also runs the
-reference scripts after ours: CleanRL's on every task but IMPALA (neither project has one), LeanRL's compiled SAC,
-TD3 and PPO continuous, read at the commits in REFERENCE_REPOS, with the same flags and seed. They were written for
+reference scripts after ours: CleanRL's on every task but IMPALA (neither project has one), LeanRL's torchcompile
+SAC, TD3 and PPO continuous (in their default mode, compile and CUDA graphs off, as ours run without the speed
+flags), read at the commits in REFERENCE_REPOS, with the same flags and seed. They were written for
 gymnasium 0.29 (and LeanRL's for tensordict of 2024): a shim put before each script makes gymnasium 1.x hand out
 what 0.29 did, and REFERENCE_PATCHES lists the few lines changed beyond it, each with its reason; a record keeps
 the commit, the command, the patches and the reference Python's package versions. LeanRL's scripts import torchrl,
