@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SUMMARY_KEYS, assert_checkpoint_round_trip, assert_same_seed_same_numbers, load_script, run_script
+from conftest import (
+    SUMMARY_KEYS,
+    assert_beats_random,
+    assert_checkpoint_round_trip,
+    assert_same_seed_same_numbers,
+    load_script,
+    run_script,
+)
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
@@ -228,8 +235,10 @@ def random_policy_scores(env_id, games, seed):
 def test_learns_ms_pacman_above_a_random_policy(workdir):
     """About 4 minutes on a 2-core CPU: 40,000 steps (4 envs), 4,000 before learning, epsilon annealed over
     10,000, CleanRL's update every 4 steps and target copy every 1,000 steps, lr 2.5e-4. Seeds 1 and 2
-    evaluated 532 and 554 (20 games at epsilon 0.05), a random policy 248. MsPacman's pellets reward every
-    few steps; Breakout at this budget learned with seed 1 (3.8 against 1.0) but not with seed 2."""
+    evaluated 532 and 554 (20 games at epsilon 0.05), a random policy 248; on an AMD EPYC seed 1 evaluated 453,
+    median 340 against the random policy's 235, a trained game ahead of a random one in 90% of pairs. MsPacman's
+    pellets reward every few steps; Breakout at this budget learned with seed 1 (3.8 against 1.0) but not with
+    seed 2."""
     args = [
         "--env-id",
         "MsPacman-v5",
@@ -253,9 +262,7 @@ def test_learns_ms_pacman_above_a_random_policy(workdir):
     summary, _ = run_script(SCRIPT, args, workdir)
     random_scores = random_policy_scores("MsPacman-v5", 30, seed=1)
     trained = np.array(summary["eval_returns"])
-    standard_error = math.sqrt(trained.var(ddof=1) / len(trained) + random_scores.var(ddof=1) / len(random_scores))
-    assert trained.mean() >= 1.5 * random_scores.mean(), (trained, random_scores.mean())
-    assert trained.mean() - random_scores.mean() >= 3 * standard_error, (trained, random_scores)
+    assert_beats_random(trained, random_scores, factor=1.5)
 
 
 def test_a_checkpoint_loads_back_to_the_same_weights(workdir):
