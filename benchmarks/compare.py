@@ -292,6 +292,21 @@ def machine():
     return words
 
 
+def jax_threads_words(jax_records):
+    """What the page says of the JAX scripts' threads: the settings its records hold (a --headline sweep on a CPU
+    runs only XLA's default)."""
+    one_thread = (
+        f'one thread is `XLA_FLAGS="{XLA_ONE_THREAD}"` with `OMP_NUM_THREADS=1` for the torch that CleanRL\'s JAX '
+        "scripts log and buffer with"
+    )
+    settings = {r["threads"] for r in jax_records}
+    if settings == {"default"}:
+        return f"They ran at XLA's default threads only (its pool takes every core); {one_thread}: not run here."
+    if settings == {1}:
+        return f"They ran at one thread only; {one_thread}."
+    return f"They ran at XLA's default threads (its pool takes every core) and at one thread; {one_thread}."
+
+
 def medians(records):
     """{(row, side, script, mode, threads): (median SPS, rounds)} of the runs that gave one."""
     groups = {}
@@ -367,10 +382,8 @@ def write_tables(folder, records):
             "",
             "The JAX scripts' steady SPS, like CleanRL's, comes from the wall times of the points they log, from the "
             "third after learning starts: their JIT compilation (at each jitted function's first call) falls "
-            "before it. LeanRL's JAX scripts log to the wandb stand-in, which keeps each point's time. On a CPU they "
-            "run at XLA's default threads (its pool takes every core) and at one thread, "
-            f'`XLA_FLAGS="{XLA_ONE_THREAD}"` with `OMP_NUM_THREADS=1` for the torch that CleanRL\'s JAX scripts '
-            "log and buffer with.",
+            "before it. LeanRL's JAX scripts log to the wandb stand-in, which keeps each point's time. "
+            + jax_threads_words(jax),
         ]
     best_lines, best = best_settings(records)
     lines += [""] + best_lines

@@ -738,6 +738,7 @@ def test_the_comparison_runs_the_jax_scripts_as_a_family_and_a_smoke_runs_each_s
         "| 0.10x |" in table
     )
     assert "JIT compilation" in table
+    assert "They ran at XLA's default threads only" in table  # a smoke runs no one-thread setting: the page says so
 
 
 def test_the_readme_speed_tables_are_the_results_files():
