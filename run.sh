@@ -6,7 +6,7 @@ set -euo pipefail
 usage() {
     cat <<'TEXT'
 usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
-                [--jax-python PY]] [--quick | --smoke] [--results FOLDER]
+                [--jax-python PY] [--until-score] [--max-minutes M]] [--quick | --smoke] [--results FOLDER]
        ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--jax-python PY] [--rounds N]
                [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
@@ -23,6 +23,8 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
   --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
   --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
+  --until-score      with --learning: stop each run at its task's score (for the seconds to it only)
+  --max-minutes M    with --learning: stop a run after M minutes (recorded as not reaching the score)
   --jax-python PY    with --learning and --compare: the Python that runs both projects' JAX scripts too
                      (requirements/requirements-jax.txt; --compare's default: the reference Python)
   --compare          ours beside LeanRL's and CleanRL's scripts of the same names, every mode, same flags,
@@ -42,7 +44,7 @@ TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
 export BENCH_PROFILE=full
-learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=()
+learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -57,6 +59,10 @@ while [ $# -gt 0 ]; do
         --sides|--only) [[ $# -ge 2 && $2 =~ ^[a-z_,]+$ ]] || refuse "$1 needs a list such as ${1/--only/dqn,td3}"
             compare_args+=("$1" "$2"); shift ;;
         --headline) compare_args+=("$1") ;;
+        --until-score) learning_args+=("$1") ;;
+        --max-minutes)
+            [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
+            learning_args+=("$1" "$2"); shift ;;
         --cleanrl|--leanrl|--reference-python|--jax-python)
             [ $# -ge 2 ] || refuse "$1 needs a value"; references+=("$1" "$2"); shift ;;
         --seeds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || refuse "--seeds needs a whole number, 1 or more"; seeds=$2 seeds_given=1; shift ;;
@@ -70,6 +76,7 @@ if [ ${#references[@]} -gt 0 ] && [ "$learning" = 0 ] && [ "$compare" = 0 ]; the
     refuse "${references[0]} is an option of --learning and --compare"
 fi
 if [ ${#compare_args[@]} -gt 0 ] && [ "$compare" = 0 ]; then refuse "${compare_args[0]} is an option of --compare"; fi
+if [ ${#learning_args[@]} -gt 0 ] && [ "$learning" = 0 ]; then refuse "${learning_args[0]} is an option of --learning"; fi
 cd "$(dirname "$0")"
 if [ "$BENCH_PROFILE" = smoke ] && [ -z "${RESULTS_DIR:-}" ]; then export RESULTS_DIR=$(mktemp -d); fi
 source benchmarks/lib.sh  # picks the machine's results folder unless one was given
@@ -80,7 +87,7 @@ if [ "$compare" = 1 ]; then
 fi
 if [ "$learning" = 1 ]; then
     exec "$PYTHON" benchmarks/learning.py --profile "$BENCH_PROFILE" --seeds "$seeds" --results "$RESULTS_DIR/learning" \
-        ${references[@]+"${references[@]}"}
+        ${references[@]+"${references[@]}"} ${learning_args[@]+"${learning_args[@]}"}
 fi
 for bench in benchmarks/*.sh; do
     if [ "$(basename "$bench")" != lib.sh ]; then bash "$bench"; fi

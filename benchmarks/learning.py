@@ -3,6 +3,7 @@ collected into curves, a table of final returns and a chart per task.
 
     python benchmarks/learning.py [--profile quick|full|smoke] [--seeds N] [--only sac_pendulum,dqn_cartpole]
                                   [--results FOLDER] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
+                                  [--until-score] [--max-minutes M]
     ./run.sh --learning [--quick | --smoke] [--seeds N] [--results FOLDER] [...]    (the same, FOLDER/learning)
 
 Each run writes FOLDER/runs/<task>__seed<k>.json (the summary and the training returns from TensorBoard, with the
@@ -30,13 +31,22 @@ projects' JAX scripts of DQN, TD3 and PPO Atari run too. The table gives each si
 the task's score (THRESHOLDS), compilation included. The references evaluate nothing, so the table compares every
 side on the mean training return of the last 20 episodes, the running mean LeanRL's scripts log (its last logged
 value).
+
+With --until-score, each run stops once it has logged its task's score (read from its TensorBoard every 30 seconds;
+the scripts' writers flush every two minutes, so a run goes on for up to that long after it), and with
+--max-minutes M, after M minutes: what the seconds to a score need, without the rest of a budget that takes hours
+(PPO Atari's). Such runs keep their own records (<task>[__side]__seed<k>__to-score.json), and count for the seconds
+to the score only: per seed, a complete run timed from the command where there is one, else the stopped run; the
+final returns, minutes and charts stay the complete runs' (a side with stopped runs only: where they stood).
 """
 
 import argparse
+import contextlib
 import csv
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -177,12 +187,10 @@ REFERENCES = {
 }  # IMPALA has no script in either project
 
 
-def tensorboard_scalars(run_dir, started):
+def tensorboard_scalars(events, started):
     """(steps, seconds since `started` (the command's time), returns) of every training episode the run logged to
-    TensorBoard, and its losses/* scalars as {tag: [[step, value], ...]}."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    TensorBoard, and its losses/* scalars as {tag: [[step, value], ...]}: `events` (an EventAccumulator of the run's
+    folder) reads what was written since its last call."""
     events.Reload()
     tags = events.Tags()["scalars"]
     losses = {tag: [[row.step, row.value] for row in events.Scalars(tag)] for tag in tags if tag.startswith("losses/")}
@@ -203,12 +211,84 @@ def logged_running_means(workdir, started):
     return [row["step"] for row in rows], times, [row["episode_return"] for row in rows]
 
 
-def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, reference_python=None):
+class Curve:
+    """What a run in `workdir` has logged so far, read as it runs: its TensorBoard folder's training episodes (read
+    on from where the last call stopped), else LeanRL's wandb stand-in's running means."""
+
+    def __init__(self, workdir, started):
+        self.workdir, self.started, self.events = workdir, started, None
+
+    def read(self):
+        """The record's curve: steps, seconds since the command, returns and losses (and returns_kind if LeanRL's)."""
+        if self.events is None and (folders := glob.glob(os.path.join(self.workdir, "runs", "*"))):
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+            self.events = EventAccumulator(folders[0], size_guidance={"scalars": 0})
+        steps, seconds, returns, losses = tensorboard_scalars(self.events, self.started) if self.events else ([],) * 4
+        curve = {"steps": steps, "seconds": seconds, "seconds_from": "command", "returns": returns, "losses": losses}
+        if returns or not os.path.exists(os.path.join(self.workdir, "wandb_log.jsonl")):
+            return {**curve, "losses": losses or {}}
+        steps, seconds, returns = logged_running_means(self.workdir, self.started)
+        curve.update(steps=steps, seconds=seconds, returns=returns, losses={})
+        return {**curve, "returns_kind": "running mean of the last 20 episodes (LeanRL's wandb log)"}
+
+
+POLL_SECONDS = 30
+
+
+def run_watched(command, workdir, curve, threshold=None, max_minutes=None):
+    """Runs `command` in `workdir` to its end, or stops it (SIGTERM to its process group, SIGKILL a minute later)
+    once `curve` shows the score `threshold` reached (read every POLL_SECONDS: the scripts' TensorBoard writers
+    flush every two minutes, so a run goes on for up to that long after its score, which its curve dates as logged)
+    or once it has run `max_minutes`. Returns (exit code, stdout, stderr, why it was stopped or None). Nothing it
+    started outlives it, Ctrl-C included."""
+    with open(os.path.join(workdir, "stdout.txt"), "w+") as out, open(os.path.join(workdir, "stderr.txt"), "w+") as err:
+        proc = subprocess.Popen(command, cwd=workdir, stdout=out, stderr=err, text=True, start_new_session=True)
+        started, stopped = time.time(), None
+        watching = threshold is not None or max_minutes is not None
+        try:
+            while proc.poll() is None and not stopped:
+                try:
+                    proc.wait(timeout=POLL_SECONDS if watching else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if threshold is not None and seconds_to_score(curve.read(), threshold) is not None:
+                    stopped = "at the score"
+                elif max_minutes is not None and time.time() - started >= max_minutes * 60:
+                    stopped = f"after {max_minutes:g} minutes"
+            if stopped:
+                os.killpg(proc.pid, signal.SIGTERM)  # ours writes its summary and exits 143; the references die
+                with contextlib.suppress(subprocess.TimeoutExpired):  # else the SIGKILL below
+                    proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.seek(0), err.seek(0)
+        return proc.returncode, out.read(), err.read(), stopped
+
+
+def run_task(
+    task,
+    seed,
+    profile,
+    folder,
+    python,
+    side="ours",
+    repo_dir=None,
+    reference_python=None,
+    until_score=False,
+    max_minutes=None,
+):
     """One run of `task` with `seed` in a scratch folder, by our script or by `side`'s (a reference: CleanRL's or
     LeanRL's, PyTorch or -JAX, read from the clone `repo_dir`, run by `reference_python`); its record in
-    FOLDER/runs/<task>[__<side>]__seed<seed>.json, its curve timed from the command."""
+    FOLDER/runs/<task>[__<side>]__seed<seed>.json, its curve timed from the command. With `until_score`, the run stops
+    at its task's score, and with `max_minutes`, after that many minutes: such a run counts for the seconds to
+    the score only, and its record's name ends in __to-score."""
     tag = "" if side == "ours" else f"__{side.lower()}"
-    record_path = os.path.join(folder, "runs", f"{task}{tag}__seed{seed}.json")
+    to_score = "__to-score" if until_score or max_minutes else ""
+    record_path = os.path.join(folder, "runs", f"{task}{tag}__seed{seed}{to_score}.json")
     if os.path.exists(record_path):
         print(f"{task} {side} seed {seed}: done before ({record_path})", flush=True)
         return
@@ -226,31 +306,26 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
         launcher = LAUNCHERS.get(task, []) if side == "ours" else []
         command = [python if side == "ours" else reference_python, *launcher, path, *flags, "--seed", str(seed)]
         started = time.time()
-        proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+        curve = Curve(workdir, started)
+        threshold = THRESHOLDS.get(task) if until_score else None
+        returncode, stdout, stderr, stopped = run_watched(command, workdir, curve, threshold, max_minutes)
         seconds = time.time() - started
-        speed = [line for line in proc.stdout.splitlines() if line.startswith("SPEED ")]
-        if proc.returncode or (side == "ours" and not speed):
+        speed = [line for line in stdout.splitlines() if line.startswith("SPEED ")]
+        if (returncode and not stopped) or (side == "ours" and not speed):
             raise SystemExit(
-                f"error: {task} {side} seed {seed} failed (exit code {proc.returncode}): "
-                f"{' '.join(command)}\n{proc.stderr[-2000:]}"
+                f"error: {task} {side} seed {seed} failed (exit code {returncode}): "
+                f"{' '.join(command)}\n{stderr[-2000:]}"
             )
-        tensorboard = glob.glob(os.path.join(workdir, "runs", "*"))
-        steps, times, returns, losses = (
-            tensorboard_scalars(tensorboard[0], started) if tensorboard else ([], [], [], {})
-        )
-        if not returns and side != "ours":
-            steps, times, returns = logged_running_means(workdir, started)
-            record["returns_kind"] = "running mean of the last 20 episodes (LeanRL's wandb log)"
+        record.update(curve.read())
     record.update(
         command=" ".join([*launcher, script, *flags]),
         total_seconds=seconds,
-        steps=steps,
-        seconds=times,
-        seconds_from="command",
-        returns=returns,
-        losses=losses,
         steps_done=int(flags[flags.index("--total-timesteps") + 1]) if "--total-timesteps" in flags else None,
     )
+    if to_score:
+        record.update(until_score=until_score, max_minutes=max_minutes, stopped=stopped)
+        if stopped:  # a reference stopped says no more than its last logged step
+            record["steps_done"] = max(record["steps"], default=0)
     if side == "ours":
         record["summary"] = json.loads(speed[-1][len("SPEED ") :])
         record["steps_done"] = record["summary"]["steps_done"]
@@ -258,10 +333,13 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
     with open(record_path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(record_path + ".tmp", record_path)
+    reached = seconds_to_score(record, THRESHOLDS.get(task))
     final = record["summary"]["eval_return_mean"] if side == "ours" else final_training_return(record)
     print(
         f"{task} {side} seed {seed}: {'eval' if side == 'ours' else 'final training'} return {final}, "
-        f"{seconds / 60:.1f} minutes",
+        f"{seconds / 60:.1f} minutes"
+        + (f", the score after {reached:.0f} s" if reached is not None else ", the score not reached")
+        + (f", stopped {stopped}" if stopped else ""),
         flush=True,
     )
 
@@ -312,16 +390,32 @@ def seconds_to_score(record, threshold, window=20):
     return None
 
 
+def complete(runs):
+    """The runs that went to the end of their budget: one stopped at its score or after --max-minutes counts for the
+    seconds to the score only."""
+    return [run for run in runs if "until_score" not in run]
+
+
 def time_to_score(task, runs, spread=True):
     """The seconds to the task's score over the seeds, as a table cell: the median, the lowest and highest (with
-    `spread`), and how many seeds reached it."""
-    if not any(run.get("seconds_from") == "command" for run in runs):
+    `spread`), how many seeds reached it and how many were stopped before it. Per seed: its complete run where that is
+    timed from the command, else its run stopped at the score."""
+    timed = {}
+    for run in sorted(runs, key=lambda run: "until_score" not in run):  # a seed's complete run goes in last
+        if run.get("seconds_from") == "command":
+            timed[run["seed"]] = run
+    if not timed:
         return "not timed"
-    reached = sorted(t for t in (seconds_to_score(run, THRESHOLDS.get(task)) for run in runs) if t is not None)
+    seconds = [(run, seconds_to_score(run, THRESHOLDS.get(task))) for run in timed.values()]
+    reached = sorted(t for _, t in seconds if t is not None)
+    cut = [run["max_minutes"] for run, t in seconds if t is None and (run.get("stopped") or "").startswith("after")]
+    count = f"{len(reached)}/{len(timed)}" + (
+        f"; {len(cut)} stopped at {' or '.join(f'{minutes:g}' for minutes in sorted(set(cut)))} min" if cut else ""
+    )
     if not reached:
-        return f"not reached (0/{len(runs)})"
+        return f"not reached ({count})"
     lowest_highest = f" [{reached[0]:.0f}, {reached[-1]:.0f}]" if spread and len(reached) > 1 else ""
-    return f"{np.median(reached):.0f}{lowest_highest} ({len(reached)}/{len(runs)})"
+    return f"{np.median(reached):.0f}{lowest_highest} ({count})"
 
 
 def interquartile_mean(values):
@@ -345,7 +439,8 @@ def mean_std_interval(values):
 
 def final_table(records):
     """Per task and side: the final evaluation (ours; the references have none) and the final training return, each
-    as mean +- std over seeds, a 95% bootstrap interval of the mean and the IQM."""
+    as mean +- std over seeds, a 95% bootstrap interval of the mean and the IQM, of its complete runs (of the runs
+    stopped at the score or a time limit, where a side has only those: where they stood)."""
     lines = [
         "| task | side: script, env | steps | seeds | final eval return, mean +- std | 95% CI of the mean | IQM | "
         "final training return (last 20 episodes), mean +- std | 95% CI of the mean | IQM | "
@@ -356,17 +451,19 @@ def final_table(records):
     for task, sides in records.items():
         env_id = sides["ours"][0]["summary"]["env_id"] if "ours" in sides else "its default env"
         for side, runs in sides.items():
-            first = runs[0]
+            shown = complete(runs) or runs
+            first = shown[0]
             script = first["summary"]["script"] if side == "ours" else os.path.basename(first["command"].split()[0])
             evaluation = (
-                mean_std_interval([run["summary"]["eval_return_mean"] for run in runs])
-                if side == "ours"
+                mean_std_interval([run["summary"]["eval_return_mean"] for run in shown])
+                if side == "ours" and complete(runs)
                 else "none | | "
             )
-            training = mean_std_interval([final_training_return(run) for run in runs])
-            minutes = np.median([run["total_seconds"] for run in runs]) / 60
+            training = mean_std_interval([final_training_return(run) for run in shown])
+            minutes = np.median([run["total_seconds"] for run in shown]) / 60
+            label = side if complete(runs) else f"{side} (stopped runs: where they stood)"
             lines.append(
-                f"| {task} | {side}: {script}, {env_id} | {first['steps_done']} | {len(runs)} | {evaluation} | "
+                f"| {task} | {label}: {script}, {env_id} | {first['steps_done']} | {len(shown)} | {evaluation} | "
                 f"{training} | {THRESHOLDS.get(task, '-')} | {time_to_score(task, runs)} | {minutes:.1f} |"
             )
             where = (
@@ -374,11 +471,22 @@ def final_table(records):
                 if side == "ours"
                 else f" ({first['repository']} at {first['commit'][:8]}, patched as its record says)"
             )
-            commands.append(
-                f"- {task}, {side}: `python {first['command']} --seed S`{where}, "
-                f"S = {', '.join(str(run['seed']) for run in runs)}"
-            )
+            for kind in (complete(runs), [run for run in runs if "until_score" in run]):
+                if kind:
+                    stops = "" if "until_score" not in kind[0] else ", " + stop_words(kind[0])
+                    commands.append(
+                        f"- {task}, {side}{stops}: `python {kind[0]['command']} --seed S`{where}, "
+                        f"S = {', '.join(str(run['seed']) for run in kind)}"
+                    )
     return "\n".join(lines + ["", "Commands:", *commands]) + "\n"
+
+
+def stop_words(record):
+    """How a run stopped early was told to stop: learning.py's flags in words."""
+    limits = (["at the score"] if record["until_score"] else []) + (
+        [f"after {record['max_minutes']:g} minutes"] if record["max_minutes"] else []
+    )
+    return "stopped " + " or ".join(limits)
 
 
 SIDE_ORDER = ("ours", "CleanRL", "LeanRL", "CleanRL-JAX", "LeanRL-JAX")
@@ -395,17 +503,19 @@ def readme_table(folder):
     ]
     for task in [task for task in TASKS if task in records]:
         sides = sorted(records[task].items(), key=lambda item: SIDE_ORDER.index(item[0]))
-        ours = records[task].get("ours", [])
         times, finals, minutes = [], [], []
         for side, runs in sides:
             times.append(f"{side} {time_to_score(task, runs, spread=False)}")
-            finals.append(f"{side} {np.mean([final_training_return(run) for run in runs]):.1f}")
-            minutes.append(f"{side} {np.median([run['total_seconds'] for run in runs]) / 60:.1f}")
+            if complete(runs):  # a side with runs stopped at the score only: no final return, no whole run
+                finals.append(f"{side} {np.mean([final_training_return(run) for run in complete(runs)]):.1f}")
+                minutes.append(f"{side} {np.median([run['total_seconds'] for run in complete(runs)]) / 60:.1f}")
+        ours = complete(records[task].get("ours", []))
         evaluation = [run["summary"]["eval_return_mean"] for run in ours]
-        steps = max(run["steps_done"] for _, runs in sides for run in runs)
-        env_id = ours[0]["summary"]["env_id"] if ours else ""
+        steps = max(run["steps_done"] for _, runs in sides for run in complete(runs) or runs)
+        env_id = records[task]["ours"][0]["summary"]["env_id"] if "ours" in records[task] else ""
+        seeds = max(len({run["seed"] for run in runs}) for _, runs in sides)
         lines.append(
-            f"| {task} ({env_id}) | {steps:,} | {max(len(runs) for _, runs in sides)} | {THRESHOLDS.get(task, '-')} | "
+            f"| {task} ({env_id}) | {steps:,} | {seeds} | {THRESHOLDS.get(task, '-')} | "
             + " · ".join(times)
             + " | "
             + " · ".join(finals)
@@ -450,7 +560,7 @@ def chart(task, sides, path):
                     np.asarray(run[key], dtype=float),
                     np.asarray(run["returns"], dtype=float) if "returns_kind" in run else smoothed(run["returns"]),
                 )
-                for run in runs
+                for run in complete(runs) or runs  # a side's runs stopped at the score: their curves to where they were
                 if len(run["returns"])
             ]
             if not curves:
@@ -475,14 +585,15 @@ def collect(folder):
     records = load_records(folder)
     with open(os.path.join(folder, "curves.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["task", "side", "script", "seed", "step", "seconds", "return", "kind"])
+        writer.writerow(["task", "side", "script", "seed", "step", "seconds", "return", "kind", "run"])
         for task, sides in records.items():
             for side, runs in sides.items():
                 for run in runs:
                     script = next(word for word in run["command"].split() if word.endswith(".py"))
                     kind = run.get("returns_kind", "episode")
+                    ended = stop_words(run) if "until_score" in run else "complete"
                     for step, seconds, value in zip(run["steps"], run["seconds"], run["returns"]):
-                        writer.writerow([task, side, script, run["seed"], step, f"{seconds:.3f}", value, kind])
+                        writer.writerow([task, side, script, run["seed"], step, f"{seconds:.3f}", value, kind, ended])
     table = final_table(records)
     with open(os.path.join(folder, "final.md"), "w") as f:
         f.write(table)
@@ -517,7 +628,21 @@ def main():
         "--jax-python",
         help="the Python that runs the JAX references (requirements/requirements-jax.txt); without it they do not run",
     )
+    parser.add_argument(
+        "--until-score",
+        action="store_true",
+        help="stop each run at its task's score (the seconds to it are what it is for): it counts for the seconds to "
+        "the score only, its record named <task>[__side]__seed<k>__to-score.json",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        help="stop a run after M minutes, its seconds to the score counted as not reached there (a reference far "
+        "slower than ours need not run for hours to show it)",
+    )
     args = parser.parse_args()
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        parser.error("--max-minutes must be more than 0")
     tasks = args.only.split(",") if args.only else [task for task in TASKS if args.profile in TASKS[task][1]]
     if unknown := [task for task in tasks if task not in TASKS or args.profile not in TASKS[task][1]]:
         parser.error(f"no {args.profile} budget for {', '.join(unknown)}")
@@ -542,7 +667,10 @@ def main():
         for seed in range(1, args.seeds + 1):
             for side, clone in [("ours", None), *references]:
                 reference_python = args.jax_python if side.endswith("-JAX") else args.reference_python
-                run_task(task, seed, args.profile, folder, python, side, clone, reference_python)
+                run_task(
+                    task, seed, args.profile, folder, python, side, clone, reference_python, args.until_score,
+                    args.max_minutes,
+                )  # fmt: skip
     collect(folder)
 
 

@@ -492,12 +492,90 @@ def test_the_seconds_to_a_score_against_a_plain_definition():
     assert learning.seconds_to_score(logged, 5.0) == 3.0
     assert learning.seconds_to_score({**logged, "seconds_from": None}, 5.0) is None
     runs = [
-        {**logged, "returns": [-900.0] * 3, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]} for shift in (0, 10, 4)
+        {**logged, "seed": seed, "returns": [-900.0] * 3, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]}
+        for seed, shift in ((1, 0), (2, 10), (3, 4))
     ]
     assert learning.time_to_score("td3_pendulum", runs) == "not reached (0/3)"
     runs[1]["returns"] = [-300.0, -150.0, -100.0]
     runs[2]["returns"] = [-150.0, -150.0, -150.0]
     assert learning.time_to_score("td3_pendulum", runs) == "10 [6, 13] (2/3)"
+    # a seed's run stopped at the score counts where its complete run is not timed from the command, and only there
+    stopped = {**runs[0], "returns": [-150.0] * 3, "until_score": True, "max_minutes": None, "stopped": "at the score"}
+    assert learning.time_to_score("td3_pendulum", runs + [stopped]) == "10 [6, 13] (2/3)"
+    runs[0]["seconds_from"] = None
+    assert learning.time_to_score("td3_pendulum", runs + [stopped]) == "6 [2, 13] (3/3)"
+    cut = {**stopped, "returns": [-900.0] * 3, "max_minutes": 12, "stopped": "after 12 minutes"}
+    assert learning.time_to_score("td3_pendulum", runs + [cut]) == "10 [6, 13] (2/3; 1 stopped at 12 min)"
+
+
+FAKE_CLEANRL_DQN_SLOW = """\
+# stands in for a long run of CleanRL's dqn.py: an episode every 20 ms, flushed at once; seed 1's returns rise to
+# CartPole's score (its mean of 20 reaches 475 at step 57), seed 2's stay far below it
+import argparse
+import os
+import time
+from torch.utils.tensorboard import SummaryWriter
+
+parser = argparse.ArgumentParser()
+for flag in ("--total-timesteps", "--learning-starts", "--seed"):
+    parser.add_argument(flag, type=int)
+args = parser.parse_args()
+with open(os.environ["PID_FILE"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+writer = SummaryWriter("runs/fake")
+for global_step in range(args.total_timesteps):
+    writer.add_scalar("charts/episodic_return", 10 * global_step if args.seed == 1 else 9.0, global_step)
+    writer.flush()
+    time.sleep(0.02)
+"""
+
+
+def test_the_learning_benchmark_stops_a_run_at_its_score_or_its_time_limit(tmp_path, monkeypatch):
+    """--until-score stops a run once its curve shows the score, --max-minutes one that has not reached it by then:
+    the process is gone, the record (named __to-score) says why it stopped and where it stood, and the table counts it
+    for the seconds to the score only, the stopped seed said so."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+    import references
+
+    cleanrl = fake_repository(
+        tmp_path / "cleanrl",
+        {"cleanrl/dqn.py": FAKE_CLEANRL_DQN_SLOW, "cleanrl_utils/__init__.py": "", "cleanrl_utils/buffers.py": ""},
+    )
+    monkeypatch.setitem(
+        references.REFERENCE_REPOS,
+        "CleanRL",
+        ("fake/cleanrl", cleanrl, "cleanrl", ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
+    )
+    monkeypatch.setenv("PID_FILE", str(tmp_path / "pids"))
+    monkeypatch.setattr(learning, "POLL_SECONDS", 0.2)
+    folder = tmp_path / "results"
+    for seed in (1, 2):  # 2,000 steps: 40 s unless stopped
+        learning.run_task(
+            "dqn_cartpole", seed, "smoke", str(folder), sys.executable, "CleanRL", str(tmp_path / "cleanrl"),
+            sys.executable, until_score=True, max_minutes=0.05,
+        )  # fmt: skip
+    for pid in map(int, (tmp_path / "pids").read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    reached, cut = (
+        json.loads((folder / "runs" / f"dqn_cartpole__cleanrl__seed{seed}__to-score.json").read_text())
+        for seed in (1, 2)
+    )
+    assert reached["stopped"] == "at the score" and cut["stopped"] == "after 0.05 minutes"
+    assert 57 <= reached["steps_done"] < 400 and reached["total_seconds"] < 15
+    assert 3 <= cut["total_seconds"] < 15 and cut["steps_done"] == max(cut["steps"]) < 1000
+    seconds = learning.seconds_to_score(reached, 475)
+    assert seconds is not None and seconds < reached["total_seconds"]
+    assert learning.seconds_to_score(cut, 475) is None
+    learning.collect(str(folder))
+    [row] = [line for line in (folder / "final.md").read_text().splitlines() if "| dqn_cartpole |" in line]
+    assert "CleanRL (stopped runs: where they stood): dqn.py" in row
+    assert f"| 475 | {seconds:.0f} (1/2; 1 stopped at 0.05 min) |" in row
+    assert (
+        "- dqn_cartpole, CleanRL, stopped at the score or after 0.05 minutes: `python cleanrl/dqn.py"
+        in (folder / "final.md").read_text()
+    )
 
 
 def test_the_learning_benchmark_starts_the_several_process_task_through_torchrun(tmp_path, monkeypatch):
@@ -508,12 +586,12 @@ def test_the_learning_benchmark_starts_the_several_process_task_through_torchrun
 
     commands = []
 
-    def fake_run(command, **_):
+    def fake_run(command, *_):
         commands.append(command)
         summary = {"script": "ppo_atari_multigpu.py", "env_id": "Breakout-v5", "steps_done": 1, "eval_return_mean": 1}
-        return subprocess.CompletedProcess(command, 0, "SPEED " + json.dumps(summary) + "\n", "")
+        return 0, "SPEED " + json.dumps(summary) + "\n", "", None
 
-    monkeypatch.setattr(learning.subprocess, "run", fake_run)
+    monkeypatch.setattr(learning, "run_watched", fake_run)
     learning.run_task("ppo_atari_multigpu_breakout", 1, "quick", str(tmp_path), "python")
     [command] = commands
     assert command[:6] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
