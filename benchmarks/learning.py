@@ -33,7 +33,7 @@ side on the mean training return of the last 20 episodes, the running mean LeanR
 value).
 
 With --until-score, each run stops once it has logged its task's score (read from its TensorBoard every 30 seconds;
-the scripts' writers flush every two minutes, so a run goes on for up to that long after it), and with
+a writer flushes every 10 events or two minutes, so a run may go on for that long after it), and with
 --max-minutes M, after M minutes: what the seconds to a score need, without the rest of a budget that takes hours
 (PPO Atari's). Such runs keep their own records (<task>[__side]__seed<k>__to-score.json), and count for the seconds
 to the score only: per seed, a complete run timed from the command where there is one, else the stopped run; the
@@ -187,16 +187,18 @@ REFERENCES = {
 }  # IMPALA has no script in either project
 
 
-def tensorboard_scalars(events, started):
+def tensorboard_scalars(events, started, tag="charts/episodic_return"):
     """(steps, seconds since `started` (the command's time), returns) of every training episode the run logged to
-    TensorBoard, and its losses/* scalars as {tag: [[step, value], ...]}: `events` (an EventAccumulator of the run's
-    folder) reads what was written since its last call."""
+    TensorBoard (or the values of `tag`), and its losses/* scalars as {tag: [[step, value], ...]}: `events` (an
+    EventAccumulator of the run's folder) reads what was written since its last call."""
     events.Reload()
     tags = events.Tags()["scalars"]
-    losses = {tag: [[row.step, row.value] for row in events.Scalars(tag)] for tag in tags if tag.startswith("losses/")}
-    if "charts/episodic_return" not in tags:
+    losses = {
+        name: [[row.step, row.value] for row in events.Scalars(name)] for name in tags if name.startswith("losses/")
+    }
+    if tag not in tags:
         return [], [], [], losses
-    rows = events.Scalars("charts/episodic_return")
+    rows = events.Scalars(tag)
     return [row.step for row in rows], [row.wall_time - started for row in rows], [row.value for row in rows], losses
 
 
@@ -211,26 +213,41 @@ def logged_running_means(workdir, started):
     return [row["step"] for row in rows], times, [row["episode_return"] for row in rows]
 
 
-class Curve:
-    """What a run in `workdir` has logged so far, read as it runs: its TensorBoard folder's training episodes (read
-    on from where the last call stopped), else LeanRL's wandb stand-in's running means."""
+# what a reference logs in place of each episode's return: LeanRL's scripts a running mean of the last 20 episodes
+# (to wandb); the projects' JAX PPO the mean of each env's last game, every iteration (CleanRL's
+# charts/avg_episodic_return, LeanRL's wandb episode_return): a mean over 8 games, not 20
+LOGGED_RETURNS = {
+    "ppo_atari_envpool_xla_jax": "mean of each env's last game (the JAX PPO scripts' log)",
+    None: "running mean of the last 20 episodes (LeanRL's wandb log)",
+}
 
-    def __init__(self, workdir, started):
+
+class Curve:
+    """What a run of `script` in `workdir` has logged so far, read as it runs: its TensorBoard folder's training
+    episodes (read on from where the last call stopped), else what it logs in their place (LOGGED_RETURNS)."""
+
+    def __init__(self, workdir, started, script=None):
         self.workdir, self.started, self.events = workdir, started, None
+        self.logged_kind = LOGGED_RETURNS.get(script, LOGGED_RETURNS[None])
 
     def read(self):
-        """The record's curve: steps, seconds since the command, returns and losses (and returns_kind if LeanRL's)."""
+        """The record's curve: steps, seconds since the command, returns and losses (and returns_kind if logged)."""
         if self.events is None and (folders := glob.glob(os.path.join(self.workdir, "runs", "*"))):
             from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
             self.events = EventAccumulator(folders[0], size_guidance={"scalars": 0})
-        steps, seconds, returns, losses = tensorboard_scalars(self.events, self.started) if self.events else ([],) * 4
-        curve = {"steps": steps, "seconds": seconds, "seconds_from": "command", "returns": returns, "losses": losses}
-        if returns or not os.path.exists(os.path.join(self.workdir, "wandb_log.jsonl")):
-            return {**curve, "losses": losses or {}}
-        steps, seconds, returns = logged_running_means(self.workdir, self.started)
-        curve.update(steps=steps, seconds=seconds, returns=returns, losses={})
-        return {**curve, "returns_kind": "running mean of the last 20 episodes (LeanRL's wandb log)"}
+        scalars = tensorboard_scalars(self.events, self.started) if self.events else ([], [], [], {})
+        curve = dict(zip(("steps", "seconds", "returns", "losses"), scalars), seconds_from="command")
+        if curve["returns"]:
+            return curve
+        steps, seconds, returns = [], [], []
+        if self.events:  # the JAX PPO scripts log no episode, only each env's last game averaged
+            steps, seconds, returns, _ = tensorboard_scalars(self.events, self.started, "charts/avg_episodic_return")
+        if not returns and os.path.exists(os.path.join(self.workdir, "wandb_log.jsonl")):
+            steps, seconds, returns = logged_running_means(self.workdir, self.started)
+        if not returns:
+            return curve
+        return {**curve, "steps": steps, "seconds": seconds, "returns": returns, "returns_kind": self.logged_kind}
 
 
 POLL_SECONDS = 30
@@ -238,8 +255,8 @@ POLL_SECONDS = 30
 
 def run_watched(command, workdir, curve, threshold=None, max_minutes=None):
     """Runs `command` in `workdir` to its end, or stops it (SIGTERM to its process group, SIGKILL a minute later)
-    once `curve` shows the score `threshold` reached (read every POLL_SECONDS: the scripts' TensorBoard writers
-    flush every two minutes, so a run goes on for up to that long after its score, which its curve dates as logged)
+    once `curve` shows the score `threshold` reached (read every POLL_SECONDS; a TensorBoard writer flushes every 10
+    events or two minutes, so a run may go on for that long after its score, which its curve dates as logged)
     or once it has run `max_minutes`. Returns (exit code, stdout, stderr, why it was stopped or None). Nothing it
     started outlives it, Ctrl-C included."""
     with open(os.path.join(workdir, "stdout.txt"), "w+") as out, open(os.path.join(workdir, "stderr.txt"), "w+") as err:
@@ -306,7 +323,7 @@ def run_task(
         launcher = LAUNCHERS.get(task, []) if side == "ours" else []
         command = [python if side == "ours" else reference_python, *launcher, path, *flags, "--seed", str(seed)]
         started = time.time()
-        curve = Curve(workdir, started)
+        curve = Curve(workdir, started, None if side == "ours" else dict(REFERENCES[task])[side])
         threshold = THRESHOLDS.get(task) if until_score else None
         returncode, stdout, stderr, stopped = run_watched(command, workdir, curve, threshold, max_minutes)
         seconds = time.time() - started

@@ -578,6 +578,32 @@ def test_the_learning_benchmark_stops_a_run_at_its_score_or_its_time_limit(tmp_p
     )
 
 
+def test_the_curve_of_a_script_that_logs_no_episode(tmp_path):
+    """The JAX PPO scripts log each env's last game averaged (charts/avg_episodic_return), no episode: their curve is
+    that, labelled so, and read on as the run writes more; a script with episodes keeps them."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import learning
+    from torch.utils.tensorboard import SummaryWriter
+
+    started = time.time() - 5
+    writer = SummaryWriter(str(tmp_path / "runs" / "jax"))
+    writer.add_scalar("charts/avg_episodic_return", 0.0, 1024, walltime=started + 1)
+    writer.add_scalar("losses/value_loss", 0.5, 1024, walltime=started + 1)
+    writer.flush()
+    curve = learning.Curve(str(tmp_path), started, "ppo_atari_envpool_xla_jax")
+    first = curve.read()
+    assert first["returns"] == [0.0] and first["seconds"] == pytest.approx([1.0]) and first["steps"] == [1024]
+    assert first["returns_kind"] == "mean of each env's last game (the JAX PPO scripts' log)"
+    assert first["losses"] == {"losses/value_loss": [[1024, 0.5]]} and first["seconds_from"] == "command"
+    writer.add_scalar("charts/avg_episodic_return", 12.5, 2048, walltime=started + 3)
+    writer.flush()
+    assert curve.read()["returns"] == [0.0, 12.5] and learning.seconds_to_score(curve.read(), 10) == pytest.approx(3)
+    writer.add_scalar("charts/episodic_return", 4.0, 2050, walltime=started + 4)
+    writer.close()
+    episodes = curve.read()
+    assert episodes["returns"] == [4.0] and "returns_kind" not in episodes
+
+
 def test_the_learning_benchmark_starts_the_several_process_task_through_torchrun(tmp_path, monkeypatch):
     """ppo_atari_multigpu.py's task runs as torchrun starts it, two processes of 4 envs (PPO Atari's 8 envs), and
     its record's command, the one the table prints, says so. The run itself stands in: a real one takes hours."""
