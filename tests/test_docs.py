@@ -11,7 +11,7 @@ import pytest
 from conftest import ALL_SCRIPTS, ROOT, run_script
 
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py,
-# benchmarks/collect.py, torchrun.
+# benchmarks/collect.py, benchmarks/learning.py, torchrun.
 OTHER_COMMANDS = {
     "--standalone",
     "--nproc-per-node",
@@ -37,6 +37,8 @@ OTHER_COMMANDS = {
     "--leanrl",
     "--reference-python",
     "--jax-python",
+    "--until-score",
+    "--max-minutes",
     "--sides",
     "--headline",
     "--only",
