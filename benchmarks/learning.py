@@ -264,7 +264,7 @@ def run_watched(command, workdir, curve, threshold=None, max_minutes=None):
         started, stopped = time.time(), None
         watching = threshold is not None or max_minutes is not None
         try:
-            while proc.poll() is None and not stopped:
+            while not stopped:
                 try:
                     proc.wait(timeout=POLL_SECONDS if watching else None)
                     break
