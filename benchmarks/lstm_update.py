@@ -60,8 +60,9 @@ def main():
 
     steps_of = {"cnn_only": cnn_only}
     for impl in ("padded", "loop"):
+        loss_fn = partial(script.ppo_loss, agent=agent, args=script.Args(lstm_impl=impl))
         steps_of[impl] = partial(
-            script.update, minibatch, agent=agent, optimizer=optimizer, args=script.Args(lstm_impl=impl)
+            script.update, minibatch, loss_fn=loss_fn, agent=agent, optimizer=optimizer, max_grad_norm=0.5
         )
     times = {name: [] for name in steps_of}
     for step in steps_of.values():

@@ -117,11 +117,13 @@ class ReplayBuffer:
         self.num_staged += len(step)
 
     def flush(self):
-        """The staged steps into their rows, in two blocks where they wrap around the end."""
+        """The staged steps into their rows, in two blocks where they wrap around the end. On CUDA through pinned
+        memory: a copy from pageable memory would make the host wait for the updates queued before it."""
         start, staged = self.inserted % len(self.rows), torch.from_numpy(self.staged[: self.num_staged])
+        staged = staged.pin_memory() if self.rows.is_cuda else staged  # reused only once the copy is done
         first = min(self.num_staged, len(self.rows) - start)
-        self.rows[start : start + first] = staged[:first].to(self.rows.device)
-        self.rows[: self.num_staged - first] = staged[first:].to(self.rows.device)
+        self.rows[start : start + first] = staged[:first].to(self.rows.device, non_blocking=True)
+        self.rows[: self.num_staged - first] = staged[first:].to(self.rows.device, non_blocking=True)
         self.inserted, self.num_staged = self.inserted + self.num_staged, 0
 
     def sample(self, batch_size):
@@ -139,17 +141,24 @@ def policy(obs, *, q_network):
     return q_network(obs).argmax(-1)
 
 
-def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, optimizer, gamma):
-    """One TD step; the loss and the mean Q of the taken actions stay on the device."""
+def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
+    """The TD loss of a batch, and its metrics (the loss and the mean Q of the taken actions) on the device."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
     old_val = q_network(obs).gather(1, actions[:, None]).squeeze(1)
     loss = F.mse_loss(td_target, old_val)
+    return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
+
+
+def update(*batch, loss_fn, optimizer):
+    """One TD step. `loss_fn` is the piece --compile compiles: its forward and backward are one graph each, while
+    the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside it."""
+    loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
+    return metrics
 
 
 def epsilon_at(step, args):
@@ -215,15 +224,12 @@ if __name__ == "__main__":
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
-    policy_step = partial(policy, q_network=q_view)
-    update_step = partial(
-        update, q_network=q_network, target_network=target_network, optimizer=optimizer, gamma=args.gamma
-    )
-    # On a CPU --compile leaves both eager: compiled, this small MLP's action step ran 1.65x and its update 1.2x
-    # the eager time there (guards and wrappers cost more than the fused kernels save; docs/speed.md).
-    compiled = ["policy", "update"] if args.compile and device.type != "cpu" else []
-    if compiled:
-        policy_step, update_step = torch.compile(policy_step), torch.compile(update_step)
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), q_network=q_view)
+    loss_step = partial(maybe_compile(td_loss), q_network=q_network, target_network=target_network, gamma=args.gamma)
+    update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
@@ -262,8 +268,7 @@ if __name__ == "__main__":
 
     summary = {
         "num_updates": num_updates,
-        "compiled_pieces": compiled,
-        "left_eager": ["policy", "update"] if args.compile and not compiled else [],
+        "compiled_pieces": ["policy", "td_loss"] if args.compile else [],
         "replay_ratio_target": args.batch_size / args.train_frequency,
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
     }

@@ -389,17 +389,24 @@ def policy(obs, *, q_network):
     return q_network(obs).argmax(-1)
 
 
-def update(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, optimizer, gamma):
-    """One TD step; the loss and the mean Q of the taken actions stay on the device."""
+def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
+    """The TD loss of a batch, and its metrics (the loss and the mean Q of the taken actions) on the device."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
     old_val = q_network(obs).gather(1, actions[:, None]).squeeze(1)
     loss = F.mse_loss(td_target, old_val)
+    return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
+
+
+def update(*batch, loss_fn, optimizer):
+    """One TD step. `loss_fn` is the piece --compile compiles: its forward and backward are one graph each, while
+    the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside it."""
+    loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
+    return metrics
 
 
 def epsilon_at(step, args):
@@ -624,13 +631,11 @@ if __name__ == "__main__":
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
-    update_step = partial(
-        update, q_network=q_network, target_network=target_network, optimizer=optimizer, gamma=args.gamma
-    )
-    # On a CPU --compile compiles the Atari update only: the MLP's ran 1.07x the eager time compiled (docs/speed.md).
-    compiled = ["update"] if args.compile and (device.type != "cpu" or q_network.pixels) else []
-    if compiled:
-        update_step = torch.compile(update_step)
+    # --compile compiles the learner's loss (the actor process acts eagerly, see run_actor): the function itself, its
+    # keyword arguments bound after, so a graph break inside it resumes there
+    loss_fn = torch.compile(td_loss) if args.compile else td_loss
+    loss_step = partial(loss_fn, q_network=q_network, target_network=target_network, gamma=args.gamma)
+    update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graph is captured
         update_step = CudaGraphModule(update_step, warmup=5)
 
@@ -689,7 +694,7 @@ if __name__ == "__main__":
     run.end(limiter.inserts, metrics)
 
     summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates}
-    summary.update(compiled_pieces=compiled, left_eager=["update"] if args.compile and not compiled else [])
+    summary["compiled_pieces"] = ["td_loss"] if args.compile else []
     summary.update(learner_wait_seconds=wait_seconds, replay_ratio_target=float(replay_ratio))
     summary["replay_ratio_achieved"] = num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)
     run.finish(partial(evaluate, q_network, args, device, run.video_folder), summary)

@@ -3,7 +3,7 @@
 Ray actors step their envs with a CPU copy of the policy and send unrolls; the learner (on the GPU if there is one)
 runs one forward-backward per sample, where PPO runs several epochs, and V-trace corrects for the policy lag that
 buys. Each actor has a second unroll queued, so it never waits for the learner beyond fetching weights. The same
-command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto); only the learner update is compiled.
+command runs on a laptop (a local Ray instance) or a cluster (--ray-address auto); only the learner's loss is compiled.
     python leanrl_scripts/impala_ray.py --env-id Breakout-v5 --num-actors 4 --compile
 """
 
@@ -272,6 +272,7 @@ class Agent(nn.Module):
         return self.policy_head(hidden), self.value_head(value_hidden).squeeze(-1)
 
 
+@torch.compiler.disable  # eager under --compile: dynamo does not trace nn.LSTM (it would unroll the time steps)
 def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
     """The core's outputs (T, B, size) for features (T, B, F) in one LSTM call over left-aligned episode segments
     (see `segment_layout`). Row T*B of the flattened features and row B of the states are the zeros padding reads."""
@@ -449,14 +450,23 @@ def impala_loss(unrolls, layout, *, agent, args):
     }
 
 
-def update(unrolls, layout, *, agent, optimizer, args):
-    """One gradient step on `impala_loss`; metrics stay on the device."""
-    loss, metrics = impala_loss(unrolls, layout, agent=agent, args=args)
+def update(unrolls, layout, *, loss_fn, agent, optimizer, max_grad_norm):
+    """One step on `loss_fn`, the piece --compile compiles with its backward (with --lstm, the graphs on each side of
+    the core), while the backward call, the clipping and the fused Adam step, which dynamo does not trace, run
+    outside it. Metrics stay on the device."""
+    loss, metrics = loss_fn(unrolls, layout)
     optimizer.zero_grad()
     loss.backward()
-    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm).detach()
     optimizer.step()
     return metrics
+
+
+def to_device(tensor, device):
+    """A host tensor on `device` with no wait: a copy from pageable memory makes the host wait for the stream's
+    queued work, one from pinned memory is queued behind it (the caching host allocator hands the pinned block out
+    again only once the copy is done)."""
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 class UnrollReplay:
@@ -469,11 +479,12 @@ class UnrollReplay:
             *(torch.zeros((t.shape[0], capacity, *t.shape[2:]), dtype=t.dtype, device=device) for t in unrolls)
         )
         self.host_dones = np.zeros((unrolls.dones.shape[0], capacity), np.float32)
+        self.columns = torch.arange(unrolls.dones.shape[1], device=device)  # slots from the cursor, on the device
         self.capacity, self.size, self.cursor = capacity, 0, 0
 
     def add(self, unrolls, host_dones):
         slots = (self.cursor + np.arange(host_dones.shape[1])) % self.capacity
-        device_slots = torch.from_numpy(slots).to(self.storage.dones.device)
+        device_slots = (self.columns + self.cursor) % self.capacity  # the same slots, with no copy to the device
         for stored, fresh in zip(self.storage, unrolls):
             stored[:, device_slots] = fresh
         self.host_dones[:, slots] = host_dones
@@ -483,7 +494,7 @@ class UnrollReplay:
     def sample(self, n, generator):
         """n stored unrolls and their dones on the host; `generator` is a CPU one (no device sync picks them)."""
         index = torch.randint(self.size, (n,), generator=generator)
-        device_index = index.to(self.storage.dones.device)
+        device_index = to_device(index, self.storage.dones.device)
         return Unrolls(*(stored[:, device_index] for stored in self.storage)), self.host_dones[:, index.numpy()]
 
 
@@ -712,9 +723,12 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     architecture = dict(obs_shape=[*obs_shape], num_actions=num_actions, resnet=args.resnet, lstm=args.lstm)
     run.keep({"agent": agent, "optimizer": optimizer}, **architecture)  # the actors get its weights as they start
-    update_step = partial(update, agent=agent, optimizer=optimizer, args=args)
-    if args.compile:
-        update_step = torch.compile(update_step)
+    # --compile compiles the learner's loss: the function itself, its keyword arguments bound after, so a graph break
+    # inside it (the core, with --lstm) resumes there
+    loss_step = partial(torch.compile(impala_loss) if args.compile else impala_loss, agent=agent, args=args)
+    if args.compile:  # dynamo may then hold the LSTM and hand it to the eager lstm_padded, not give the loss up
+        torch._dynamo.config.allow_rnn = True
+    update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
     # One update graph per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes.
     # Without a core, the layout is empty and there is one. Its first calls compile and initialise Adam's state.
     update_steps = defaultdict(lambda: CudaGraphModule(update_step, warmup=5) if run.cudagraphs else update_step)
@@ -772,7 +786,10 @@ if __name__ == "__main__":
                 host_dones = np.concatenate([host_dones, replayed_dones], 1)
             layout = no_layout
             if args.lstm:
-                layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(host_dones))
+                layout = tuple(to_device(torch.from_numpy(a), device) for a in segment_layout(host_dones))
+                if args.compile:  # one compiled loss for every segment count, not a compile for each
+                    torch._dynamo.maybe_mark_dynamic(layout[0], 1)
+                    torch._dynamo.maybe_mark_dynamic(layout[1], 0)
                 core_steps, padded_core_steps = core_steps + layout[2].numel(), padded_core_steps + layout[0].numel()
             metrics = update_steps[layout[0].shape[-1]](batch, layout)
             num_updates += 1
@@ -794,4 +811,5 @@ if __name__ == "__main__":
     # replaying a batch in one call
     summary.update(unrolls_lost=actor_pool.unrolls_lost, actor_nodes=dict(Counter(actor_pool.nodes)))
     summary["lstm_padding"] = padded_core_steps / core_steps if core_steps else None
+    summary["compiled_pieces"] = ["impala_loss"] if args.compile else []
     run.finish(partial(evaluate, agent, args, device, run.video_folder), summary)

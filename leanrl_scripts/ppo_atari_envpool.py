@@ -168,8 +168,8 @@ class Batch(NamedTuple):
     values: torch.Tensor
 
 
-def update(minibatch, *, agent, optimizer, args):
-    """One clipped-surrogate step on a minibatch (a Batch); metrics stay on the device."""
+def ppo_loss(minibatch, *, agent, args):
+    """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
     logratio = new_logprob - minibatch.logprobs
@@ -188,19 +188,25 @@ def update(minibatch, *, agent, optimizer, args):
         v_loss = 0.5 * (new_value - returns).pow(2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-    optimizer.zero_grad()
-    loss.backward()
-    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-    optimizer.step()
-    return {
+    return loss, {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "old_approx_kl": old_approx_kl,
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
-        "grad_norm": grad_norm.detach(),
     }
+
+
+def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
+    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
+    backward call, the clipping and the fused Adam step, which dynamo does not trace, run outside it."""
+    loss, metrics = loss_fn(minibatch)
+    optimizer.zero_grad()
+    loss.backward()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm).detach()
+    optimizer.step()
+    return metrics
 
 
 def game_video(folder, first_frame, fps=15):
@@ -276,14 +282,13 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # On a CPU --compile leaves the pieces eager: since the learner keeps its freed memory, inductor ran the update
-    # in 1.00x and the policy step in 1.01-1.02x the eager time there (benchmarks/compile_pieces.py; docs/speed.md).
-    compiled = args.compile and device.type != "cpu"
-    policy_step = partial(policy, agent=agent_view)
-    gae_step = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    update_step = partial(update, agent=agent, optimizer=optimizer, args=args)
-    if compiled:
-        policy_step, gae_step, update_step = map(torch.compile, (policy_step, gae_step, update_step))
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), agent=agent_view)
+    gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
+    loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
+    update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
@@ -397,9 +402,6 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     envs.close()
 
-    pieces = ["gae", "policy", "update"]
     summary = {"envpool_async": args.envpool_async, "num_updates": num_updates}
-    summary.update(
-        compiled_pieces=pieces if compiled else [], left_eager=pieces if args.compile and not compiled else []
-    )
+    summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
     run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary)

@@ -159,6 +159,9 @@ class Agent(nn.Module):
         return action, log_probs.gather(-1, action[..., None]).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
 
 
+# Both LSTM forms run eagerly under --compile, a graph break between the compiled code before and after: dynamo does
+# not trace nn.LSTM (and tracing it would unroll the time steps), and on CUDA each call is cuDNN's fused kernel.
+@torch.compiler.disable
 def lstm_loop(lstm, features, h, c, starts):
     """CleanRL's per-step LSTM: the state is zeroed before each step whose observation starts an episode.
     features (T, B, 512), starts (T, B), states (1, B, 128). Returns the outputs (T, B, 128) and the last state."""
@@ -170,6 +173,7 @@ def lstm_loop(lstm, features, h, c, starts):
     return torch.cat(outputs), (h, c)
 
 
+@torch.compiler.disable
 def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
     """The same outputs from one LSTM call over left-aligned episode segments (see `segment_layout`).
     Row T*B of the flattened features and row B of the states are the zeros that padding reads."""
@@ -211,8 +215,9 @@ def segment_layout(starts):
 def policy(obs, h, c, start, *, agent):
     """One step for every env: sampled actions, their log-probabilities, the values and the next LSTM state.
     `agent` is a detached view of the learner."""
-    hidden, (h, c) = lstm_loop(agent.lstm, agent.features(obs[None]), h, c, start[None])
-    action, log_prob, _, value = agent.heads(hidden[0])
+    with torch.no_grad():  # the view's LSTM is the learner's own (see the view): no graph is recorded
+        hidden, (h, c) = lstm_loop(agent.lstm, agent.features(obs[None]), h, c, start[None])
+        action, log_prob, _, value = agent.heads(hidden[0])
     return action, log_prob, value, h, c
 
 
@@ -284,14 +289,24 @@ def ppo_loss(minibatch, *, agent, args):
     }
 
 
-def update(minibatch, *, agent, optimizer, args):
-    """One gradient step on `ppo_loss`; metrics stay on the device."""
-    loss, metrics = ppo_loss(minibatch, agent=agent, args=args)
+def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
+    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each on each side
+    of the LSTM, while the backward call, the clipping and the fused Adam step, which dynamo does not trace, run
+    outside it. Metrics stay on the device."""
+    loss, metrics = loss_fn(minibatch)
     optimizer.zero_grad()
     loss.backward()
-    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm).detach()
     optimizer.step()
     return metrics
+
+
+def to_device(array, device):
+    """A host array on `device` with no wait: a copy from pageable memory makes the host wait for the stream's
+    queued work, one from pinned memory is queued behind it (the caching host allocator hands the pinned block out
+    again only once the copy is done)."""
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def game_video(folder, first_frame, fps=15):
@@ -320,7 +335,7 @@ def evaluate(agent, args, device, video_folder=None):
     while not finished.all():
         check_signals()
         with torch.no_grad():
-            actions, _, _, h, c = policy(torch.from_numpy(obs).to(device), h, c, no_start, agent=agent)
+            actions, _, _, h, c = policy(to_device(obs, device), h, c, no_start, agent=agent)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         if video and not finished[0]:
             video.write_frame(envs.render()[0])
@@ -366,16 +381,21 @@ if __name__ == "__main__":
     agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
+    # ...but with the learner's LSTM itself, run under no_grad: on CUDA an LSTM whose weights changed copies them into
+    # a flat buffer of its own at its next call (cuDNN's flatten_parameters), so a view's LSTM would act with its
+    # first weights ever after, while its convolutions and heads follow the learner
+    agent_view.lstm = agent.lstm
 
-    # On a CPU --compile leaves the pieces eager: since the learner keeps its freed memory, inductor ran the policy
-    # step in 1.05x and the updates in 1.03-1.06x the eager time there (benchmarks/compile_pieces.py; docs/speed.md).
-    compiled = args.compile and device.type != "cpu"
     graphed = partial(CudaGraphModule, warmup=5)  # the first calls compile and initialise Adam's state, then capture
-    policy_step = partial(policy, agent=agent_view)
-    gae_step = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    update_step = partial(update, agent=agent, optimizer=optimizer, args=args)
-    if compiled:
-        policy_step, gae_step, update_step = map(torch.compile, (policy_step, gae_step, update_step))
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    if args.compile:  # dynamo may then hold the LSTM and hand it to the eager LSTM functions, not give the piece up
+        torch._dynamo.config.allow_rnn = True
+    policy_step = partial(maybe_compile(policy), agent=agent_view)
+    gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
+    loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
+    update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
     if run.cudagraphs:
         policy_step, gae_step = graphed(policy_step), graphed(gae_step)
     # one update graph per padded segment count, made at its first use: a CUDA graph has fixed shapes
@@ -390,10 +410,11 @@ if __name__ == "__main__":
     episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
     metrics, num_updates, padded_steps, real_steps, global_step = {}, 0, 0, 0, 0
     next_obs_np, _ = envs.reset()
-    next_obs = torch.from_numpy(next_obs_np).to(device)
+    next_obs = to_device(next_obs_np, device)
     next_done_np, next_start_np = np.zeros(E, dtype=np.float32), np.zeros(E, dtype=np.float32)
     next_done, next_start = torch.zeros(E, device=device), torch.zeros(E, device=device)
-    h = c = torch.zeros(1, E, agent.lstm.hidden_size, device=device)
+    # two tensors: one for both would make the compiled policy guard on that aliasing, and compile again a step later
+    h, c = (torch.zeros(1, E, agent.lstm.hidden_size, device=device) for _ in range(2))
     run.open()
     with run.stoppable():
         for iteration in range(num_iterations):
@@ -435,12 +456,15 @@ if __name__ == "__main__":
                     env_ids = env_order[start : start + envs_per_batch]
                     real_steps += T * len(env_ids)
                     if args.lstm_impl == "padded":
-                        layout = tuple(torch.from_numpy(a).to(device) for a in segment_layout(starts_host[:, env_ids]))
+                        layout = tuple(to_device(a, device) for a in segment_layout(starts_host[:, env_ids]))
+                        if args.compile:  # one compiled loss for every segment count, not a compile for each
+                            torch._dynamo.maybe_mark_dynamic(layout[0], 1)
+                            torch._dynamo.maybe_mark_dynamic(layout[1], 0)
                         padded_steps += layout[0].numel()
                     else:
                         layout = no_layout
                         padded_steps += T * len(env_ids)
-                    columns = torch.from_numpy(env_ids).to(device)
+                    columns = to_device(env_ids, device)
                     minibatch = Minibatch(*(t[:, columns] for t in rollout), *layout)
                     minibatch_metrics.append(update_steps[layout[0].shape[-1]](minibatch))
                     num_updates += 1
@@ -454,10 +478,8 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     envs.close()
 
-    pieces = ["gae", "policy", "update"]
+    pieces = ["gae", "policy", "ppo_loss"]
     summary = dict(lstm_impl=args.lstm_impl, padded_steps=padded_steps, real_steps=real_steps, num_updates=num_updates)
     summary.update(update_shapes=len(update_steps), gomp_spincount=os.environ.get("GOMP_SPINCOUNT"))
-    summary.update(
-        compiled_pieces=pieces if compiled else [], left_eager=pieces if args.compile and not compiled else []
-    )
+    summary["compiled_pieces"] = pieces if args.compile else []
     run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary)

@@ -189,9 +189,9 @@ def gradients_in_one_buffer(agent):
     return flat_grads
 
 
-def loss_and_gradients(minibatch, advantage_mean, advantage_std, *, agent, flat_grads, args):
-    """This process's share of a minibatch (a Batch): the clipped PPO loss, its gradients written into `flat_grads`.
-    The advantages are normalised with the mean and standard deviation of the whole minibatch, every process's share,
+def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
+    """This process's share of a minibatch (a Batch): the clipped PPO loss and its metrics on the device. The
+    advantages are normalised with the mean and standard deviation of the whole minibatch, every process's share,
     so the mean of the processes' gradients is the gradient one process would get from all the shares."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
@@ -211,9 +211,7 @@ def loss_and_gradients(minibatch, advantage_mean, advantage_std, *, agent, flat_
         v_loss = 0.5 * (new_value - returns).pow(2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-    flat_grads.zero_()
-    loss.backward()
-    return {
+    return loss, {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
@@ -221,6 +219,15 @@ def loss_and_gradients(minibatch, advantage_mean, advantage_std, *, agent, flat_
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
     }
+
+
+def loss_and_gradients(*minibatch, loss_fn, flat_grads):
+    """`loss_fn`'s gradients written into `flat_grads`, and its metrics. `loss_fn` is the piece --compile compiles:
+    its forward and backward are one graph each, while the backward call, a graph break, runs outside it."""
+    loss, metrics = loss_fn(*minibatch)
+    flat_grads.zero_()
+    loss.backward()
+    return metrics
 
 
 def apply_gradients(*, agent, optimizer, flat_grads, args):
@@ -257,9 +264,9 @@ def minibatch_statistics(advantages, order, num_minibatches, group):
 
 
 def update_epoch(batch, order, *, loss_step, apply_step, flat_grads, args, group):
-    """One pass over this process's rollout in `order`. The all-reduce sits between the two compiled (and captured)
-    halves of each update: gloo's collectives cannot be captured in a CUDA graph, and one code path serves both
-    back-ends; it costs one eager call per minibatch. Returns each minibatch's metrics."""
+    """One pass over this process's rollout in `order`. The all-reduce sits between the two captured halves of each
+    update (the loss and its gradients, then the step): gloo's collectives cannot be captured in a CUDA graph, and
+    one code path serves both back-ends; it costs one eager call per minibatch. Returns each minibatch's metrics."""
     means, stds = minibatch_statistics(batch.advantages, order, args.num_minibatches, group)
     minibatch_metrics = []
     for index, rows in enumerate(order.view(args.num_minibatches, -1)):
@@ -386,15 +393,14 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    compiled = args.compile and device.type != "cpu"  # on a CPU, eager as PPO Atari's (docs/ppo_atari.md)
-    policy_step = partial(policy, agent=agent_view)
-    gae_step = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    loss_step = partial(loss_and_gradients, agent=agent, flat_grads=flat_grads, args=args)
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), agent=agent_view)
+    gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
+    ppo_loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
+    loss_step = partial(loss_and_gradients, loss_fn=ppo_loss_step, flat_grads=flat_grads)
     apply_step = partial(apply_gradients, agent=agent, optimizer=optimizer, flat_grads=flat_grads, args=args)
-    if compiled:
-        policy_step, gae_step, loss_step, apply_step = map(
-            torch.compile, (policy_step, gae_step, loss_step, apply_step)
-        )
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, loss_step, apply_step = map(graphed, (policy_step, gae_step, loss_step, apply_step))
@@ -463,8 +469,7 @@ if __name__ == "__main__":
         sys.exit(run.stopped.exit_code if run.stopped else 0)
     run.end(global_step, metrics)
 
-    pieces = ["gae", "policy", "update"]
     summary = {"world_size": args.world_size, "local_num_envs": args.local_num_envs, "num_updates": num_updates}
-    summary.update(backend=backend if args.world_size > 1 else None, compiled_pieces=pieces if compiled else [])
-    summary["left_eager"] = pieces if args.compile and not compiled else []
+    summary["backend"] = backend if args.world_size > 1 else None
+    summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
     run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary)

@@ -228,9 +228,8 @@ class Batch(NamedTuple):
     values: torch.Tensor
 
 
-def update(minibatch, *, agent, params, optimizer, args):
-    """One clipped-surrogate step on a minibatch (a Batch); `params` are those the optimizer steps. Metrics stay on
-    the device."""
+def ppo_loss(minibatch, *, agent, args):
+    """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
     logratio = new_logprob - minibatch.logprobs
@@ -249,19 +248,26 @@ def update(minibatch, *, agent, params, optimizer, args):
         v_loss = 0.5 * (new_value - returns).pow(2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-    optimizer.zero_grad(set_to_none=False)  # in place: gradients set to None would leave their flat buffer
-    loss.backward()
-    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-    optimizer.step()
-    return {
+    return loss, {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "old_approx_kl": old_approx_kl,
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
-        "grad_norm": grad_norm.detach(),
     }
+
+
+def update(minibatch, *, loss_fn, params, optimizer, max_grad_norm):
+    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
+    backward call, the clipping and the fused Adam step, which dynamo does not trace, run outside it. `params` are
+    those the optimizer steps."""
+    loss, metrics = loss_fn(minibatch)
+    optimizer.zero_grad(set_to_none=False)  # in place: gradients set to None would leave their flat buffer
+    loss.backward()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(params, max_grad_norm).detach()
+    optimizer.step()
+    return metrics
 
 
 def evaluate(agent, obs_stats, args, device, video_folder):
@@ -314,17 +320,25 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     loaded = run.keep({"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim)
     for normalizer in normalizers if loaded else ():  # the statistics the checkpoint's agent was trained with
-        normalizer.obs_rms.mean, normalizer.obs_rms.var = loaded["obs_mean"].numpy(), loaded["obs_var"].numpy()
+        # the checkpoint was loaded onto the device, where .numpy() fails: back to the host first
+        normalizer.obs_rms.mean, normalizer.obs_rms.var = (
+            loaded["obs_mean"].cpu().numpy(),
+            loaded["obs_var"].cpu().numpy(),
+        )
         normalizer.obs_rms.count = loaded["obs_count"]
     agent_view = Agent(obs_dim, act_dim).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    policy_step = partial(policy, agent=agent_view)
-    gae_step = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    update_step = partial(update, agent=agent, params=[flat_params], optimizer=optimizer, args=args)
-    if args.compile:
-        policy_step, gae_step, update_step = map(torch.compile, (policy_step, gae_step, update_step))
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), agent=agent_view)
+    gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
+    loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
+    update_step = partial(
+        update, loss_fn=loss_step, params=[flat_params], optimizer=optimizer, max_grad_norm=args.max_grad_norm
+    )
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
@@ -351,7 +365,8 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 check_signals()
                 obs[step], dones[step] = next_obs, next_done
-                actions[step], logprobs[step], values[step] = policy_step(next_obs)
+                # obs[step], not next_obs: a slice of the step's data whose strides differ from the first reset's
+                actions[step], logprobs[step], values[step] = policy_step(obs[step])
                 next_obs_np, reward, terminations, truncations, infos = run.in_env(
                     envs.step, actions[step].cpu().numpy()
                 )
@@ -389,4 +404,5 @@ if __name__ == "__main__":
     obs_state = {"obs_mean": torch.as_tensor(obs_stats.mean), "obs_var": torch.as_tensor(obs_stats.var)}
     obs_state["obs_count"] = float(obs_stats.count)
     evaluation = partial(evaluate, agent_view, obs_stats, args, device, run.video_folder)
-    run.finish(evaluation, {"num_updates": num_updates}, obs_state)
+    summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
+    run.finish(evaluation, summary, obs_state)

@@ -146,6 +146,25 @@ def _write_atomic(path, data):  # a failed write (a full disk) leaves neither a 
         sys.exit(1)
 
 
+def _load_keeping_settings(optimizer, saved):  # the optimizer's state from a checkpoint, its settings the script's
+    # Optimizer.load_state_dict brings back the saved param groups: their lr (the checkpoint's tensor, so the script's
+    # in-place schedule would no longer reach the optimizer) and capturable (an eager run's checkpoint would then fail
+    # Adam's capture check under --cudagraphs). The saved groups get the script's settings before loading (they place
+    # Adam's step counts: on the device when capturable or fused), and the script's own lr tensor is put back after.
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    groups = [{**group, **own, "params": group["params"]} for group, own in zip(saved["param_groups"], settings)]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
+    for group, own in zip(optimizer.param_groups, settings):
+        group.update(own)
+
+
+def _graph_counts():  # torch.compile's graphs and graph breaks so far in this process
+    if "torch._dynamo" not in sys.modules:
+        return 0, 0
+    counters = sys.modules["torch._dynamo"].utils.counters
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
 class Run:
     """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1],
     and seeds Python, NumPy and torch. keep() names what a checkpoint holds (and loads one); open() starts the run;
@@ -194,6 +213,7 @@ class Run:
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
+        self.graphs_at_start = _graph_counts()  # what this run compiles, not what the process did before it
 
     def keep(self, states, **sizes):
         """A checkpoint (--save-model) holds `states` (modules and optimizers) and the `sizes` they were made for. With
@@ -205,7 +225,10 @@ class Run:
             checkpoint = torch.load(path, map_location=self.device, weights_only=True)
             made_for = {key: checkpoint[key] for key in sizes}
             for name, state in states.items() if made_for == sizes else ():
-                state.load_state_dict(checkpoint[name])
+                if hasattr(state, "param_groups"):  # an optimizer
+                    _load_keeping_settings(state, checkpoint[name])
+                else:
+                    state.load_state_dict(checkpoint[name])
         except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
             fail(f"--load-model: {path} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
@@ -253,6 +276,7 @@ class Run:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
+            self.graphs_at_steady = _graph_counts()[0] - self.graphs_at_start[0]
 
     def episode(self, step, episode_return, length=None):  # a finished training episode
         self.recent_returns.append(float(episode_return))
@@ -319,6 +343,9 @@ class Run:
         record.update(script=_script_name() + ".py", mode=self.mode, cudagraphs_requested=args.cudagraphs)
         record.update(cudagraphs_active=self.cudagraphs, device=str(self.device), torch_version=torch.__version__)
         record["torch_threads"] = torch.get_num_threads()
+        graphs, breaks = (now - before for now, before in zip(_graph_counts(), self.graphs_at_start))
+        # a graph compiled after warm-up is a recompilation, paid in the steady phase
+        record.update(compile_graphs=graphs, graph_breaks=breaks, graphs_after_warmup=graphs - self.graphs_at_steady)
         record.update({key: getattr(self, key) for key in ("sps", "steady_steps", "steady_seconds", "env_seconds")})
         record.update(warmup_seconds=self.steady_time - self.start_time, total_seconds=now - self.start_time)
         record.update(return_mean=mean(self.recent_returns), eval_return_mean=mean(eval_returns))

@@ -184,38 +184,44 @@ def policy(obs, *, actor):
     return actor(obs)[0]
 
 
-def update_critic(
-    obs, actions, rewards, next_obs, terminations, *, actor, qnet, target_qnet, q_optimizer, alpha, gamma
-):
+def critic_loss(obs, actions, rewards, next_obs, terminations, *, actor, qnet, target_qnet, alpha, gamma):
+    """The critics' TD loss (summed over critics, as two separate losses) and CleanRL's metrics on the device."""
     with torch.no_grad():
         next_actions, next_log_prob, _ = actor(next_obs)
         next_q = target_qnet(next_obs, next_actions).min(0).values - alpha * next_log_prob
         q_target = rewards + gamma * (1 - terminations) * next_q  # a terminal step does not bootstrap
     q_values = qnet(obs, actions)
     q_losses = (q_values - q_target).pow(2).mean(1)
-    q_optimizer.zero_grad()
-    q_losses.sum().backward()  # summed over critics, as two separate losses
-    q_optimizer.step()
-    q_losses, q_means = q_losses.detach(), q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
-    metrics = {"qf_loss": q_losses.mean(), "qf1_loss": q_losses[0], "qf2_loss": q_losses[1]}
-    return {**metrics, "qf1_values": q_means[0], "qf2_values": q_means[1]}
+    losses, q_means = q_losses.detach(), q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
+    metrics = {"qf_loss": losses.mean(), "qf1_loss": losses[0], "qf2_loss": losses[1]}
+    return q_losses.sum(), {**metrics, "qf1_values": q_means[0], "qf2_values": q_means[1]}
 
 
-def update_actor(obs, *, actor, qnet_view, actor_optimizer, alpha, log_alpha, alpha_optimizer, target_entropy):
-    """`qnet_view` reads the critics' weights detached: no weight gradients are computed for them here."""
+def actor_loss(obs, *, actor, qnet_view, alpha, log_alpha, target_entropy):
+    """The actor's loss and, autotuned, alpha's (their sum: no parameter is in both); `qnet_view` reads the critics'
+    weights detached, so no weight gradients are computed for them here."""
     actions, log_prob, _ = actor(obs)
-    actor_loss = (alpha * log_prob - qnet_view(obs, actions).min(0).values).mean()
-    actor_optimizer.zero_grad()
-    actor_loss.backward()
-    actor_optimizer.step()
-    metrics = {"actor_loss": actor_loss.detach()}
-    if alpha_optimizer is not None:  # autotuned: keep the policy's entropy near target_entropy
+    loss = (alpha * log_prob - qnet_view(obs, actions).min(0).values).mean()
+    metrics = {"actor_loss": loss.detach()}
+    if log_alpha.requires_grad:  # autotuned: keep the policy's entropy near target_entropy
         alpha_loss = -(log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
-        alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        alpha_optimizer.step()
-        alpha.copy_(log_alpha.detach().exp())
         metrics["alpha_loss"] = alpha_loss.detach()
+        loss = loss + alpha_loss
+    return loss, metrics
+
+
+def update(*batch, loss_fn, optimizers, alpha=None, log_alpha=None):
+    """One gradient step of every optimizer on `loss_fn` (the piece --compile compiles: its forward and backward are
+    one graph each; the backward call and the fused Adam steps, a graph break each, run outside it). With `alpha`,
+    the entropy coefficient follows the stepped log_alpha, in place."""
+    loss, metrics = loss_fn(*batch)
+    for optimizer in optimizers:
+        optimizer.zero_grad()
+    loss.backward()
+    for optimizer in optimizers:
+        optimizer.step()
+    if alpha is not None:
+        alpha.copy_(log_alpha.detach().exp())
     return metrics
 
 
@@ -274,43 +280,27 @@ if __name__ == "__main__":
     adam = partial(torch.optim.Adam, fused=True, capturable=run.cudagraphs)
     q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.q_lr, device=device))
     actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.policy_lr, device=device))
-    alpha_optimizer = adam([log_alpha], lr=torch.tensor(args.q_lr, device=device)) if args.autotune else None
-    states = dict(
-        actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer, actor_optimizer=actor_optimizer
-    )
+    # alpha's optimizer steps only when autotuned; every checkpoint holds it, so a run continues either way
+    alpha_optimizer = adam([log_alpha], lr=torch.tensor(args.q_lr, device=device))
+    states = dict(actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer)
+    states.update(actor_optimizer=actor_optimizer, alpha_optimizer=alpha_optimizer)
     loaded = run.keep(states, obs_dim=obs_dim, act_dim=act_dim)
-    if loaded and args.autotune:  # a fixed alpha's checkpoint has no optimizer state for it
+    if loaded and args.autotune:  # a fixed alpha is the flag's, not the checkpoint's
         log_alpha.data.copy_(loaded["log_alpha"])
-        if loaded["alpha_optimizer"]:
-            alpha_optimizer.load_state_dict(loaded["alpha_optimizer"])
     alpha = log_alpha.detach().exp()  # updated in place by the alpha step when autotuned
 
-    policy_step = partial(policy, actor=actor_view)
-    critic_step = partial(
-        update_critic,
-        actor=actor,
-        qnet=qnet,
-        target_qnet=target_qnet,
-        q_optimizer=q_optimizer,
-        alpha=alpha,
-        gamma=args.gamma,
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), actor=actor_view)
+    critic_loss_step = partial(
+        maybe_compile(critic_loss), actor=actor, qnet=qnet, target_qnet=target_qnet, alpha=alpha, gamma=args.gamma
     )
-    actor_step = partial(
-        update_actor,
-        actor=actor,
-        qnet_view=qnet_view,
-        actor_optimizer=actor_optimizer,
-        alpha=alpha,
-        log_alpha=log_alpha,
-        alpha_optimizer=alpha_optimizer,
-        target_entropy=-float(act_dim),
-    )
-    # On a CPU --compile leaves every piece eager: the policy step and the actor update (through the critics' detached
-    # view) ran 1.1-1.65x slower compiled there, the critic update 0.95-0.98x on one CPU and 1.05-1.10x on a faster
-    # one (docs/speed.md): no piece gains reliably.
-    compiled = args.compile and device.type != "cpu"
-    if compiled:
-        policy_step, critic_step, actor_step = map(torch.compile, (policy_step, critic_step, actor_step))
+    entropy = dict(alpha=alpha, log_alpha=log_alpha, target_entropy=-float(act_dim))
+    actor_loss_step = partial(maybe_compile(actor_loss), actor=actor, qnet_view=qnet_view, **entropy)
+    critic_step = partial(update, loss_fn=critic_loss_step, optimizers=[q_optimizer])
+    actor_optimizers = [actor_optimizer, alpha_optimizer] if args.autotune else [actor_optimizer]
+    actor_step = partial(update, loss_fn=actor_loss_step, optimizers=actor_optimizers, alpha=alpha, log_alpha=log_alpha)
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
@@ -350,8 +340,8 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     envs.close()
 
-    pieces = ["policy", "update_actor", "update_critic"]
-    summary = {"num_updates": num_updates, "alpha": alpha.item(), "compiled_pieces": pieces if compiled else []}
-    summary["left_eager"] = pieces if args.compile and not compiled else []
-    alpha_state = {"log_alpha": log_alpha.detach(), "alpha_optimizer": alpha_optimizer and alpha_optimizer.state_dict()}
-    run.finish(partial(evaluate, actor_view, args, device, run.video_folder), summary, alpha_state)
+    pieces = ["actor_loss", "critic_loss", "policy"]
+    summary = {"num_updates": num_updates, "alpha": alpha.item(), "compiled_pieces": pieces if args.compile else []}
+    run.finish(
+        partial(evaluate, actor_view, args, device, run.video_folder), summary, {"log_alpha": log_alpha.detach()}
+    )

@@ -176,7 +176,8 @@ def policy(obs, *, actor, exploration_noise):
     return actor.add_noise(actor(obs), exploration_noise)
 
 
-def update_critic(obs, actions, rewards, next_obs, terminations, *, target_actor, qnet, target_qnet, q_optimizer, args):
+def critic_loss(obs, actions, rewards, next_obs, terminations, *, target_actor, qnet, target_qnet, args):
+    """The critics' TD loss (summed over critics, as two separate losses) and CleanRL's metrics on the device."""
     with torch.no_grad():
         # target policy smoothing: the target is averaged over nearby actions, not a sharp peak of Q
         next_actions = target_actor.add_noise(target_actor(next_obs), args.policy_noise, args.noise_clip)
@@ -184,22 +185,26 @@ def update_critic(obs, actions, rewards, next_obs, terminations, *, target_actor
         q_target = rewards + args.gamma * (1 - terminations) * next_q  # a terminal step does not bootstrap
     q_values = qnet(obs, actions)
     q_losses = (q_values - q_target).pow(2).mean(1)
-    q_optimizer.zero_grad()
-    q_losses.sum().backward()  # summed over critics, as two separate losses
-    q_optimizer.step()
-    q_losses, q_means = q_losses.detach(), q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
-    metrics = {"qf_loss": q_losses.mean(), "qf1_loss": q_losses[0], "qf2_loss": q_losses[1]}
-    return {**metrics, "qf1_values": q_means[0], "qf2_values": q_means[1]}
+    losses, q_means = q_losses.detach(), q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
+    metrics = {"qf_loss": losses.mean(), "qf1_loss": losses[0], "qf2_loss": losses[1]}
+    return q_losses.sum(), {**metrics, "qf1_values": q_means[0], "qf2_values": q_means[1]}
 
 
-def update_actor(obs, *, actor, qnet_view, actor_optimizer):
+def actor_loss(obs, *, actor, qnet_view):
     """Deterministic policy gradient through the first critic; `qnet_view` reads the critics' weights
     detached, so no weight gradients are computed for them here."""
-    actor_loss = -qnet_view(obs, actor(obs), num_critics=1).mean()
-    actor_optimizer.zero_grad()
-    actor_loss.backward()
-    actor_optimizer.step()
-    return {"actor_loss": actor_loss.detach()}
+    loss = -qnet_view(obs, actor(obs), num_critics=1).mean()
+    return loss, {"actor_loss": loss.detach()}
+
+
+def update(*batch, loss_fn, optimizer):
+    """One gradient step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each,
+    while the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside."""
+    loss, metrics = loss_fn(*batch)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return metrics
 
 
 def detached_view(module, like):
@@ -268,17 +273,16 @@ if __name__ == "__main__":
     )
     loaded = run.keep(states, obs_dim=obs_dim, act_dim=act_dim)
 
-    policy_step = partial(policy, actor=actor_view, exploration_noise=args.exploration_noise)
-    critic_step = partial(
-        update_critic, target_actor=target_actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer, args=args
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), actor=actor_view, exploration_noise=args.exploration_noise)
+    critic_loss_step = partial(
+        maybe_compile(critic_loss), target_actor=target_actor, qnet=qnet, target_qnet=target_qnet, args=args
     )
-    actor_step = partial(update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
-    # On a CPU --compile leaves every piece eager: the policy step and the actor update (through the critics' detached
-    # view) ran 1.1-1.65x slower compiled there, the critic update 0.95-0.98x on one CPU and 1.05-1.10x on a faster
-    # one (docs/speed.md): no piece gains reliably.
-    compiled = args.compile and device.type != "cpu"
-    if compiled:
-        policy_step, critic_step, actor_step = map(torch.compile, (policy_step, critic_step, actor_step))
+    actor_loss_step = partial(maybe_compile(actor_loss), actor=actor, qnet_view=qnet_view)
+    critic_step = partial(update, loss_fn=critic_loss_step, optimizer=q_optimizer)
+    actor_step = partial(update, loss_fn=actor_loss_step, optimizer=actor_optimizer)
     if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
@@ -316,7 +320,6 @@ if __name__ == "__main__":
     run.end(global_step, metrics)
     envs.close()
 
-    pieces = ["policy", "update_actor", "update_critic"]
-    summary = {"num_updates": num_updates, "compiled_pieces": pieces if compiled else []}
-    summary["left_eager"] = pieces if args.compile and not compiled else []
+    pieces = ["actor_loss", "critic_loss", "policy"]
+    summary = {"num_updates": num_updates, "compiled_pieces": pieces if args.compile else []}
     run.finish(partial(evaluate, actor_view, args, device, run.video_folder), summary)

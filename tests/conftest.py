@@ -56,6 +56,35 @@ SUMMARY_KEYS = {
     "peak_memory_mb",
     "env_seconds",
 }
+# What --compile compiles in each script, and the graphs and graph breaks that makes: every loss is one graph (its
+# backward one more, which dynamo does not count) and no piece breaks, but where an LSTM runs: it stays out of the
+# graphs, a break in each piece that calls it (PPO-LSTM's policy and loss, two graphs each; IMPALA's core sits inside
+# Agent.replay, so its loss is three graphs). A change that adds a break or a recompilation fails the mode tests.
+COMPILED = {
+    "dqn.py": (["policy", "td_loss"], 2, 0),
+    "dqn_atari.py": (["policy", "td_loss"], 2, 0),
+    "dqn_atari_async.py": (["td_loss"], 1, 0),
+    "sac_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
+    "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
+    "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_envpool.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_multigpu.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_lstm.py": (["gae", "policy", "ppo_loss"], 5, 2),
+    "impala_ray.py": (["impala_loss"], 1, 0),
+    "impala_ray.py --lstm": (["impala_loss"], 3, 2),
+}
+
+
+def assert_compiled_as_designed(summary, variant=""):
+    """A run's summary says what ran compiled (nothing without --compile), in the graphs and graph breaks of
+    COMPILED, and nothing compiled again after warm-up."""
+    pieces, graphs, breaks = COMPILED[summary["script"] + variant]
+    if not summary["compile"]:
+        pieces, graphs, breaks = [], 0, 0
+    assert summary["compiled_pieces"] == pieces
+    assert (summary["compile_graphs"], summary["graph_breaks"], summary["graphs_after_warmup"]) == (graphs, breaks, 0)
+
+
 # What an interpreter reads once as it starts (sys.path, OpenMP and torch's threads): a run whose environment differs
 # from the script server's there gets a fresh interpreter (tests/script_server.py).
 READ_AT_START = (

@@ -5,10 +5,11 @@
 Every function the script hands to torch.compile runs eagerly under a TorchFunctionMode that records each call
 that makes the host wait for the device on CUDA: reading a value (.item(), .tolist(), bool(), float(), printing),
 copying to the host (.cpu(), .numpy()), or an op whose output shape depends on the data (nonzero, boolean-mask
-indexing, unique). The script's functions named in $HOST_SYNC_PIECES run under it too when the script leaves them
-eager (on a CPU `--compile` compiles only the pieces that gain there; on CUDA it compiles them all, so they must
-be free of syncs all the same). At exit, {piece name: [calls]} goes to $HOST_SYNC_LOG. On a CPU these calls cost
-nothing, which is why a test has to look for them: on a GPU each one stalls the stream and breaks CUDA graph capture.
+indexing, unique). The script's functions named in $HOST_SYNC_PIECES run under it too when they are not handed to
+torch.compile (the updates around the compiled losses: their backward, clipping and Adam step run eagerly, and in
+a CUDA graph with --cudagraphs, so they must be free of syncs all the same). At exit, {piece name: [calls]} goes to
+$HOST_SYNC_LOG. On a CPU these calls cost nothing, which is why a test has to look for them: on a GPU each one stalls
+the stream and breaks CUDA graph capture.
 """
 
 import atexit
@@ -63,9 +64,11 @@ class HostSyncs(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def probe_compile(fn=None, **options):
+def probe_compile(fn=None, disable=False, **options):
     if fn is None:  # used as @torch.compile(...)
-        return lambda f: probe_compile(f, **options)
+        return lambda f: probe_compile(f, disable=disable, **options)
+    if disable:  # torch.compile(fn, disable=True) is fn: the script runs without --compile
+        return fn
     piece = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", repr(fn))
 
     def run(*args, **kwargs):

@@ -15,11 +15,11 @@ ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-mi
 CASES = {
     "sac_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
-        {"policy", "update_critic", "update_actor"},
+        {"policy", "critic_loss", "actor_loss", "update"},
     ),
     "td3_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
-        {"policy", "update_critic", "update_actor"},
+        {"policy", "critic_loss", "actor_loss", "update"},
     ),
     "ppo_continuous_action.py": (
         [
@@ -34,16 +34,19 @@ CASES = {
             "--update-epochs",
             1,
         ],
-        {"policy", "gae", "update"},
+        {"policy", "gae", "ppo_loss", "update"},
     ),
-    "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "update"}),
-    "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "update"}),
-    "dqn.py": (["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000], {"policy", "update"}),
+    "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "dqn.py": (
+        ["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000],
+        {"policy", "td_loss", "update"},
+    ),
     "dqn_atari.py": (
         ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2, "--start-e", 0.5],
-        {"policy", "update"},
+        {"policy", "td_loss", "update"},
     ),
-    # the learner compiles its update only: the actor process acts eagerly
+    # the learner compiles its loss only: the actor process acts eagerly
     "dqn_atari_async.py": (
         [
             "--env-id",
@@ -57,7 +60,7 @@ CASES = {
             "--batch-size",
             64,
         ],
-        {"update"},
+        {"td_loss", "update"},
     ),
     "impala_ray.py": (
         [
@@ -76,7 +79,7 @@ CASES = {
             "--replay-ratio",
             0.5,
         ],
-        {"update"},
+        {"impala_loss", "update"},
     ),
 }
 
@@ -96,7 +99,7 @@ def test_compiled_pieces_make_no_host_sync(script, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = json.loads(log.read_text())
-    assert set(calls) == pieces  # every piece ran under the probe, compiled or left eager on this CPU
+    assert set(calls) == pieces  # every piece ran under the probe: those handed to torch.compile and the updates
     assert calls == {piece: [] for piece in pieces}
 
 
@@ -119,7 +122,7 @@ def test_the_probe_finds_host_syncs(tmp_path):
 
 
 def test_the_probe_also_watches_the_pieces_a_script_leaves_eager(tmp_path):
-    """On a CPU --compile leaves some pieces eager; named in HOST_SYNC_PIECES, they are probed all the same."""
+    """The updates around the compiled losses are eager; named in HOST_SYNC_PIECES, they are probed all the same."""
     piece = tmp_path / "piece.py"
     piece.write_text(
         "import torch\n"

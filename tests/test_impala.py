@@ -15,6 +15,7 @@ import torch
 
 from conftest import (
     SUMMARY_KEYS,
+    assert_compiled_as_designed,
     assert_same_loss_and_gradients,
     done_patterns,
     load_script,
@@ -277,6 +278,7 @@ def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir
     summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir)
     check_summary(summary, fresh_per_update)
     assert summary["lstm"] == ("--lstm" in args)
+    assert_compiled_as_designed(summary, " --lstm" if summary["lstm"] else "")
     assert (summary["lstm_padding"] >= 1.0) if summary["lstm"] else summary["lstm_padding"] is None
     assert summary["mode"] == mode and summary["num_envs"] == 2 * summary["envs_per_actor"]
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and not summary["cudagraphs_active"]

@@ -98,7 +98,8 @@ def test_sac_log_prob_matches_torch_distributions():
 
 
 def build(script, flags=(False, False), seed=0):
-    """Networks, optimizers and the script's update pieces bound to them, as the script's main block does."""
+    """Networks, optimizers and the script's update pieces bound to them, as the script's main block does: the
+    losses compiled (flags[0]), their updates in CUDA graphs (flags[1])."""
     module = load_script(script)
     torch.manual_seed(seed)
     actor = module.Actor(OBS_DIM, SPACE)
@@ -111,44 +112,31 @@ def build(script, flags=(False, False), seed=0):
         adam(actor.parameters(), lr=torch.tensor(1e-3)),
     )
     nets = dict(actor=actor, qnet=qnet, target_qnet=target_qnet)
+    maybe_compile = partial(torch.compile, disable=not flags[0])
     if script.startswith("sac"):
         log_alpha = torch.tensor(math.log(0.2), requires_grad=True)
         alpha = log_alpha.detach().exp()
         alpha_optimizer = adam([log_alpha], lr=torch.tensor(1e-3))
-        critic = partial(
-            module.update_critic,
-            actor=actor,
-            qnet=qnet,
-            target_qnet=target_qnet,
-            q_optimizer=q_optimizer,
-            alpha=alpha,
-            gamma=0.99,
+        critic_loss = partial(
+            maybe_compile(module.critic_loss), actor=actor, qnet=qnet, target_qnet=target_qnet, alpha=alpha, gamma=0.99
         )
-        actor_step = partial(
-            module.update_actor,
-            actor=actor,
-            qnet_view=qnet_view,
-            actor_optimizer=actor_optimizer,
-            alpha=alpha,
-            log_alpha=log_alpha,
-            alpha_optimizer=alpha_optimizer,
-            target_entropy=-float(ACT_DIM),
-        )
+        entropy = dict(alpha=alpha, log_alpha=log_alpha, target_entropy=-float(ACT_DIM))
+        actor_loss = partial(maybe_compile(module.actor_loss), actor=actor, qnet_view=qnet_view, **entropy)
+        critic = partial(module.update, loss_fn=critic_loss, optimizers=[q_optimizer])
+        optimizers = [actor_optimizer, alpha_optimizer]
+        actor_step = partial(module.update, loss_fn=actor_loss, optimizers=optimizers, alpha=alpha, log_alpha=log_alpha)
         nets.update(alpha=alpha, log_alpha=log_alpha)
     else:
         target_actor = copy.deepcopy(actor).requires_grad_(False)
         args = module.Args(gamma=0.99, policy_noise=0.2, noise_clip=0.5)
-        critic = partial(
-            module.update_critic,
-            target_actor=target_actor,
-            qnet=qnet,
-            target_qnet=target_qnet,
-            q_optimizer=q_optimizer,
-            args=args,
+        critic_loss = partial(
+            maybe_compile(module.critic_loss), target_actor=target_actor, qnet=qnet, target_qnet=target_qnet, args=args
         )
-        actor_step = partial(module.update_actor, actor=actor, qnet_view=qnet_view, actor_optimizer=actor_optimizer)
+        actor_loss = partial(maybe_compile(module.actor_loss), actor=actor, qnet_view=qnet_view)
+        critic = partial(module.update, loss_fn=critic_loss, optimizer=q_optimizer)
+        actor_step = partial(module.update, loss_fn=actor_loss, optimizer=actor_optimizer)
         nets.update(target_actor=target_actor)
-    return nets, speed_up(critic, *flags), speed_up(actor_step, *flags)
+    return nets, speed_up(critic, False, flags[1]), speed_up(actor_step, False, flags[1])
 
 
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])

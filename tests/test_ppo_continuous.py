@@ -11,6 +11,7 @@ import torch._inductor.config as inductor_config
 
 from conftest import (
     SUMMARY_KEYS,
+    assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
     assert_same_seed_same_numbers,
     load_script,
@@ -55,8 +56,9 @@ def build_update(flags, flat=True):
     agent = module.Agent(5, 3)
     params = [module.flatten_parameters(agent)] if flat else list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=torch.tensor(3e-4), eps=1e-5, fused=True)
-    args = module.Args()
-    return agent, speed_up(partial(module.update, agent=agent, params=params, optimizer=optimizer, args=args), *flags)
+    loss_fn = partial(torch.compile(module.ppo_loss, disable=not flags[0]), agent=agent, args=module.Args())
+    update = partial(module.update, loss_fn=loss_fn, params=params, optimizer=optimizer, max_grad_norm=0.5)
+    return agent, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
 
 
 SPED_UP = {
@@ -135,6 +137,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["mode"] == mode and summary["compile"] == ("compile" in mode)
+    assert_compiled_as_designed(summary)
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["steady_steps"] == 256 - 64  # the first iteration is warm-up
     assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import SCRIPTS, load_script
+from conftest import SCRIPTS, assert_compiled_as_designed, load_script
 
 pytest.importorskip("envpool")
 
@@ -64,7 +64,9 @@ def process_update(rank, port, out):
     metrics = module.update_epoch(
         batch,
         local_orders()[rank],
-        loss_step=partial(module.loss_and_gradients, agent=agent, flat_grads=flat_grads, args=args),
+        loss_step=partial(
+            module.loss_and_gradients, loss_fn=partial(module.ppo_loss, agent=agent, args=args), flat_grads=flat_grads
+        ),
         apply_step=partial(module.apply_gradients, agent=agent, optimizer=optimizer, flat_grads=flat_grads, args=args),
         flat_grads=flat_grads,
         args=args,
@@ -201,8 +203,8 @@ def test_bad_input_stops_every_process_with_one_line(args, message, workdir):
 
 def test_two_launchers_meet_at_one_rendezvous_with_both_speed_flags(workdir):
     """Two nodes as SLURM starts them, here on one machine: one torchrun each, one c10d rendezvous. With both speed
-    flags (the other launches run eager): on a CPU --compile leaves the pieces eager and --cudagraphs runs eagerly,
-    so the two ends cover every flag's bookkeeping."""
+    flags (the other launches run eager): --compile compiles the pieces and, without CUDA, --cudagraphs runs
+    eagerly, so the two ends cover every flag's bookkeeping."""
     endpoint = f"127.0.0.1:{free_port()}"
     rendezvous = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes"]
     for n in range(2):
@@ -216,6 +218,7 @@ def test_two_launchers_meet_at_one_rendezvous_with_both_speed_flags(workdir):
     summary = [found for found in written if found][0][0]
     assert summary["world_size"] == 2 and summary["steps_done"] == 128 and summary["num_updates"] == 2 * 2
     assert summary["mode"] == "compile+cudagraphs" and summary["cudagraphs_requested"]
+    assert_compiled_as_designed(summary)
     assert all(np.isfinite(list(summary["final_metrics"].values())))
 
 

@@ -1,0 +1,88 @@
+"""The `cuda` tier: what only a GPU shows, skipped without CUDA. `python -m pytest -m cuda -n 4` on the GPU machine
+runs it in a few minutes (docs/contributing.md says when). Every script in its four modes at tiny budgets, its
+pieces captured and replayed; the acting views equal to their learners after updates, with cuDNN's own LSTM; a run
+continued with --cudagraphs from an eager run's checkpoint; a checkpoint saved on the GPU loaded on a CPU and back;
+no host sync inside the pieces that CUDA graphs capture."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import SCRIPTS, assert_compiled_as_designed, run_script
+from test_cuda_paths import NO_BLOCKING_COPIES, RUNS, imitated_run
+from test_host_syncs import CASES, PROBE
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"]}
+MODES["compile+cudagraphs"] = ["--compile", "--cudagraphs"]
+# RUNS's budgets, with every piece called more than CudaGraphModule's 5 warm-up calls (PPO's GAE: once an iteration)
+LONGER = {"ppo_continuous_action.py": ["--total-timesteps", 512]}
+LONGER.update({run: ["--total-timesteps", 1024] for run in RUNS if run.startswith("ppo_atari")})
+
+
+@pytest.fixture(autouse=True)
+def fresh_interpreters(monkeypatch):
+    """Each run in an interpreter of its own: a process forked from the script server must not use CUDA."""
+    monkeypatch.setenv("LEANRL_TESTS_FRESH", "1")
+
+
+def flags_of(run):
+    script, *variant = run.split(" ", 1)
+    return script, [*RUNS[run][0], *LONGER.get(run, []), "--eval-episodes", 1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("run", [run for run in RUNS if "--lstm-impl" not in run])
+def test_every_script_runs_in_its_four_modes_on_the_gpu(run, mode, workdir):
+    script, flags = flags_of(run)
+    summary, proc = run_script(script, [*flags, *MODES[mode]], workdir)
+    assert summary["device"].startswith("cuda") and summary["cudagraphs_active"] == ("cudagraphs" in mode)
+    assert summary["steps_done"] == summary["total_timesteps"] and summary["peak_cuda_memory_mb"] > 0
+    assert all(value is not None and abs(value) < 1e9 for value in summary["final_metrics"].values())
+    assert_compiled_as_designed(summary, " --lstm" if "--lstm" in flags else "")
+    assert "--cudagraphs needs CUDA" not in proc.stderr
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_acting_views_follow_the_learner_on_the_gpu(run, workdir):
+    """tests/cuda_imitation.py on the GPU: cuDNN flattens the LSTM's weights itself; with CUDA graphs captured."""
+    script, flags = flags_of(run)
+    log, _ = imitated_run(script, [*flags, "--compile", "--cudagraphs"], workdir, RUNS[run][1])
+    for view in RUNS[run][1]:
+        seen = log["views"][view]
+        assert seen["equal"] and seen["learner_changed"] and seen["compared"] > 0, seen
+    if run in NO_BLOCKING_COPIES:
+        assert log["copies"] == []
+
+
+@pytest.mark.parametrize("script", ["dqn.py", "sac_continuous_action.py", "ppo_continuous_action.py"])
+def test_an_eager_checkpoint_continues_with_cudagraphs_and_moves_between_devices(script, workdir):
+    """Trained eagerly on the GPU (its Adam not capturable), continued with --cudagraphs (the script's capturable
+    setting, not the checkpoint's); loaded on a CPU and saved, then loaded on the GPU again: the same weights."""
+    script, flags = flags_of(script)
+    trained, _ = run_script(script, [*flags, "--save-model"], workdir)
+    model = os.path.join(trained["run_dir"], "model.pt")
+    continued, _ = run_script(script, [*flags, "--load-model", model, "--cudagraphs", "--compile"], workdir)
+    assert continued["cudagraphs_active"] and continued["steps_done"] == continued["total_timesteps"]
+    evaluate = [*flags[:-2], "--total-timesteps", 0, "--eval-episodes", 0, "--save-model"]
+    on_cpu, _ = run_script(script, [*evaluate, "--load-model", model, "--no-cuda"], workdir)
+    back, _ = run_script(script, [*evaluate, "--load-model", os.path.join(on_cpu["run_dir"], "model.pt")], workdir)
+    assert on_cpu["device"] == "cpu" and back["device"].startswith("cuda")
+    saved = [torch.load(os.path.join(run["run_dir"], "model.pt"), map_location="cpu") for run in (trained, back)]
+    networks = [key for key, value in saved[0].items() if isinstance(value, dict) and "param_groups" not in value]
+    for name in (name for name in networks if name != "args"):
+        assert all(torch.equal(saved[0][name][k], saved[1][name][k]) for k in saved[0][name]), name
+
+
+@pytest.mark.parametrize("script", CASES)
+def test_no_host_sync_in_the_pieces_on_the_gpu(script, tmp_path):
+    """tests/host_sync_probe.py with the pieces on the GPU, as CUDA graphs capture them."""
+    flags, pieces = CASES[script]
+    log = tmp_path / "syncs.json"
+    env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
+    args = [os.path.join(SCRIPTS, script), *flags, "--compile", "--eval-episodes", 0]
+    _, proc = run_script(PROBE, args, tmp_path, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(log.read_text()) == {piece: [] for piece in pieces}
