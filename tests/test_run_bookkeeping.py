@@ -26,7 +26,7 @@ MAX_LINES = {
     "ppo_continuous_action.py": 408,
     "dqn.py": 275,
     "ppo_atari_envpool.py": 436,
-    "ppo_atari_lstm.py": 485,
+    "ppo_atari_lstm.py": 487,
     "ppo_atari_multigpu.py": 475,
     "dqn_atari.py": 420,
     "dqn_atari_async.py": 700,
