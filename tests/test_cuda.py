@@ -29,7 +29,7 @@ def fresh_interpreters(monkeypatch):
 
 
 def flags_of(run):
-    script, *variant = run.split(" ", 1)
+    script = run.split(" ")[0]
     return script, [*RUNS[run][0], *LONGER.get(run, []), "--eval-episodes", 1]
 
 

@@ -63,7 +63,7 @@ def imitated_run(script, args, workdir, views=None, check=True):
 @pytest.mark.parametrize("run", RUNS)
 def test_acting_views_follow_the_learner_and_the_update_loop_never_waits_on_a_copy(run, workdir):
     flags, views = RUNS[run]
-    script, *variant = run.split(" ", 1)
+    script = run.split(" ")[0]
     log, _ = imitated_run(script, [*flags, "--eval-episodes", 1], workdir, views)
     for view in views:  # the learner trained, and the view holds its weights, an LSTM's flat weights included
         seen = log["views"][view]
