@@ -21,7 +21,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, check_signals, fail, tune_cpu
+from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -183,7 +183,7 @@ def evaluate(q_network, args, device, video_folder=None):
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             actions = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(-1)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -199,7 +199,7 @@ if __name__ == "__main__":
         args,
         counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
         rates=("learning_rate", "tau", "exploration_fraction"),
-        fractions=("tau", "exploration_fraction"),
+        fractions=("gamma", "tau", "exploration_fraction"),
     )
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
@@ -220,7 +220,7 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
-    run.keep({"q_network": q_network, "optimizer": optimizer}, obs_dim=obs_dim, num_actions=num_actions)
+    run.save_and_load({"q_network": q_network, "optimizer": optimizer}, obs_dim=obs_dim, num_actions=num_actions)
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
@@ -238,32 +238,36 @@ if __name__ == "__main__":
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     num_updates, metrics, global_step = 0, {}, 0
     obs, _ = envs.reset(seed=args.seed)
-    run.open()
+    run.start()
     with run.stoppable():
         for iteration in range(args.total_timesteps // args.num_envs):
-            check_signals()
+            stop_if_signalled()
             global_step = iteration * args.num_envs
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
-            next_obs, rewards, terminations, truncations, infos = run.in_env(envs.step, actions)
+            next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, actions)
             real_next_obs = next_obs.copy()  # truncated episodes bootstrap from their true final observation
             if "final_obs" in infos:
                 real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
             rb.add(obs, actions, rewards, real_next_obs, terminations)
             obs, global_step = next_obs, global_step + args.num_envs
-            run.episodes(global_step, infos)
+            run.record_gymnasium_episodes(global_step, infos)
 
             # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:
                 if num_updates == args.measure_burnin:
-                    run.mark_steady(global_step)
+                    run.start_speed_measure(global_step)
                 metrics = update_step(*rb.sample(args.batch_size))
                 num_updates += 1
                 if num_updates % target_every == 0:
                     target_params.lerp_(online_params, args.tau)
                 if num_updates % LOG_EVERY == 0:
                     replay_ratio = num_updates * args.batch_size / (global_step - args.learning_starts)
-                    run.log(global_step, metrics, epsilon=epsilon_at(global_step, args), replay_ratio=replay_ratio)
-    run.end(global_step, metrics)
+                    run.log(
+                        global_step,
+                        metrics,
+                        charts=dict(epsilon=epsilon_at(global_step, args), replay_ratio=replay_ratio),
+                    )
+    run.end_training(global_step, metrics)
     envs.close()
 
     summary = {
@@ -272,4 +276,4 @@ if __name__ == "__main__":
         "replay_ratio_target": args.batch_size / args.train_frequency,
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
     }
-    run.finish(partial(evaluate, q_view, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary)

@@ -30,7 +30,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, check_signals, fail, tune_cpu, usable_cores
+from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -300,7 +300,7 @@ def evaluate(q_network, args, device, video_folder=None):
     rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         actions = epsilon_greedy(partial(policy, q_network=q_network), obs, 0.05, rng, num_actions, device)
         obs, _, _, truncations, infos = envs.step(actions.astype(np.int32))
         if video and not finished[0]:
@@ -317,7 +317,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     counts = ("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency")
-    rates, fractions = ("learning_rate", "tau", "exploration_fraction"), ("tau", "exploration_fraction")
+    rates = ("learning_rate", "tau", "exploration_fraction")
+    fractions = ("gamma", "tau", "exploration_fraction")
     run = Run(args, counts=counts, rates=rates, fractions=fractions)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
@@ -338,7 +339,7 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
-    run.keep({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions)
+    run.save_and_load({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions)
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
@@ -356,13 +357,15 @@ if __name__ == "__main__":
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     scores, lengths, num_updates, metrics, global_step = np.zeros(args.num_envs), np.zeros(args.num_envs, int), 0, {}, 0
     obs, _ = envs.reset()
-    run.open()
+    run.start()
     with run.stoppable():
         for iteration in range(args.total_timesteps // args.num_envs):
-            check_signals()
+            stop_if_signalled()
             global_step = iteration * args.num_envs
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
-            next_obs, rewards, terminations, truncations, infos = run.in_env(envs.step, actions.astype(np.int32))
+            next_obs, rewards, terminations, truncations, infos = run.timed_env_call(
+                envs.step, actions.astype(np.int32)
+            )
             game_over = infos["terminated"].astype(bool) | truncations
             reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
             restart = game_over if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
@@ -370,21 +373,25 @@ if __name__ == "__main__":
             obs, global_step = next_obs, global_step + args.num_envs
             scores, lengths = scores + infos["reward"], lengths + 1  # the true score: info["reward"] is unclipped
             for score, length in zip(scores[game_over], lengths[game_over]):
-                run.episode(global_step, score, length)
+                run.record_episode(global_step, score, length)
             scores[game_over], lengths[game_over] = 0, 0
 
             # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:
                 if num_updates == args.measure_burnin:
-                    run.mark_steady(global_step)
+                    run.start_speed_measure(global_step)
                 metrics = update_step(*rb.sample(iteration + 1, args.batch_size))
                 num_updates += 1
                 if num_updates % target_every == 0:
                     target_params.lerp_(online_params, args.tau)
                 if num_updates % LOG_EVERY == 0:
                     replay_ratio = num_updates * args.batch_size / (global_step - args.learning_starts)
-                    run.log(global_step, metrics, epsilon=epsilon_at(global_step, args), replay_ratio=replay_ratio)
-    run.end(global_step, metrics)
+                    run.log(
+                        global_step,
+                        metrics,
+                        charts=dict(epsilon=epsilon_at(global_step, args), replay_ratio=replay_ratio),
+                    )
+    run.end_training(global_step, metrics)
     envs.close()
 
     summary = {
@@ -394,4 +401,4 @@ if __name__ == "__main__":
         "replay_ratio_target": args.batch_size / args.train_frequency,
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
     }
-    run.finish(partial(evaluate, q_view, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary)

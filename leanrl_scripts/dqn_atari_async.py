@@ -40,7 +40,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, check_signals, fail, tune_cpu, usable_cores
+from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -367,7 +367,7 @@ class RateLimiter:
                 return False
             if not posted.acquire(timeout=1.0) and not other_alive():
                 raise ChildProcessError("the other side of the replay storage stopped")
-            check_signals()  # Ctrl-C in the learner while it waits (the actor process ignores it)
+            stop_if_signalled()  # Ctrl-C in the learner while it waits (the actor process ignores it)
         return True
 
     def add_inserts(self, n):
@@ -532,7 +532,7 @@ class ActorProcess:
                 continue
             games, env_seconds = content
             for step, score, length in games:
-                run.episode(step, score, length)
+                run.record_episode(step, score, length)
             run.env_seconds, self.env_seconds = run.env_seconds + env_seconds - self.env_seconds, env_seconds
 
     def stop(self, run, timeout=5):
@@ -586,7 +586,7 @@ def evaluate(q_network, args, device, video_folder=None):
     policy_step, epsilon = partial(policy, q_network=q_network), 0.05 if q_network.pixels else 0.0
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device)
         obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
         if video and not finished[0]:
@@ -604,7 +604,9 @@ if __name__ == "__main__":
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     counts = ("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency")
     rates = ("learning_rate", "tau", "exploration_fraction", "replay_tolerance")
-    run = Run(args, counts=(*counts, "actor_sync_every"), rates=rates, fractions=("tau", "exploration_fraction"))
+    run = Run(
+        args, counts=(*counts, "actor_sync_every"), rates=rates, fractions=("gamma", "tau", "exploration_fraction")
+    )
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.learning_starts < args.batch_size:
@@ -627,7 +629,9 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
-    run.keep({"q_network": q_network, "optimizer": optimizer}, obs_shape=[*obs_space.shape], num_actions=num_actions)
+    run.save_and_load(
+        {"q_network": q_network, "optimizer": optimizer}, obs_shape=[*obs_space.shape], num_actions=num_actions
+    )
     target_network.load_state_dict(q_network.state_dict())
     target_params, online_params = from_module(target_network), from_module(q_network).data
 
@@ -654,20 +658,20 @@ if __name__ == "__main__":
     total_updates = max(0, played - args.learning_starts) // args.train_frequency
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     num_updates, metrics, wait_seconds = 0, {}, 0.0
-    run.open()
+    run.start()
     actor = ActorProcess(ctx, args, rb, limiter, q_network, device)
     sampled = rb.mirror(device) if device.type == "cuda" else rb  # after the actor process has taken its rb
     try:
         with run.stoppable():
             while num_updates < total_updates:  # the updates owed end the run; the actor may play a few steps after
-                check_signals()
+                stop_if_signalled()
                 wait_start = time.perf_counter()
                 if not limiter.await_sample(args.batch_size, actor.alive):  # closed, and updates are still owed
                     raise ChildProcessError("the actor stopped")
                 wait_seconds += time.perf_counter() - wait_start
                 if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
                     actor.drain(run)
-                    run.mark_steady(limiter.inserts)
+                    run.start_speed_measure(limiter.inserts)
                     wait_seconds = 0.0
                 steps = limiter.inserts // args.num_envs
                 if sampled is not rb:
@@ -684,17 +688,17 @@ if __name__ == "__main__":
                     actor.drain(run)
                     step = limiter.inserts
                     replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
-                    run.log(step, metrics, epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now)
+                    run.log(step, metrics, charts=dict(epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now))
             actor.stop(run, timeout=60)  # every update is done: the actor plays its last steps (the band lets it)
     except ChildProcessError:
         actor.stop(run)
         print(f"error: the actor process died ({actor.failure()}); the learner stops", file=sys.stderr)
         sys.exit(1)
     actor.stop(run)  # after a stop: the closed limiter ends the actor at its next step
-    run.end(limiter.inserts, metrics)
+    run.end_training(limiter.inserts, metrics)
 
     summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates}
     summary["compiled_pieces"] = ["td_loss"] if args.compile else []
     summary.update(learner_wait_seconds=wait_seconds, replay_ratio_target=float(replay_ratio))
     summary["replay_ratio_achieved"] = num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)
-    run.finish(partial(evaluate, q_network, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, q_network, args, device, run.video_folder), summary)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_signals, fail, tune_cpu, usable_cores
+from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -668,7 +668,7 @@ def evaluate(agent, args, device, video_folder=None):
     returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
     state = agent.initial_state(len(obs), device)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             logits, _, state = agent(torch.as_tensor(obs, device=device), state)
         actions = torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)
@@ -693,7 +693,7 @@ if __name__ == "__main__":
     if args.ray_address:
         watch_driver(args.ray_address)
     counts = ("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size")
-    run = Run(args, counts=counts, rates=("learning_rate",))
+    run = Run(args, counts=counts, rates=("learning_rate",), fractions=("gamma",))
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)
@@ -722,7 +722,9 @@ if __name__ == "__main__":
     learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     architecture = dict(obs_shape=[*obs_shape], num_actions=num_actions, resnet=args.resnet, lstm=args.lstm)
-    run.keep({"agent": agent, "optimizer": optimizer}, **architecture)  # the actors get its weights as they start
+    run.save_and_load(
+        {"agent": agent, "optimizer": optimizer}, **architecture
+    )  # the actors get its weights as they start
     # --compile compiles the learner's loss: the function itself, its keyword arguments bound after, so a graph break
     # inside it (the core, with --lstm) resumes there
     loss_step = partial(torch.compile(impala_loss) if args.compile else impala_loss, agent=agent, args=args)
@@ -735,7 +737,7 @@ if __name__ == "__main__":
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
     connect(args.ray_address or None, args.num_actors)
-    run.open()  # after ray.init, which sets its own SIGTERM handler; before the actors start
+    run.start()  # after ray.init, which sets its own SIGTERM handler; before the actors start
     actor_pool = ActorPool(args, agent)
 
     # Fresh unrolls are gathered column by column in host memory (pinned on CUDA), then sent to the device at once.
@@ -759,10 +761,10 @@ if __name__ == "__main__":
     with run.stoppable():
         while global_step < args.total_timesteps:
             if num_updates == args.measure_burnin:
-                run.mark_steady(global_step)
+                run.start_speed_measure(global_step)
                 learner_wait = actor_busy = actor_steps = 0
             for call_index in range(calls_per_batch):  # each call brings envs_per_actor columns of the batch
-                check_signals()
+                stop_if_signalled()
                 result, waited = actor_pool.next_unroll()
                 learner_wait += waited
                 columns = slice(call_index * envs_per_actor, (call_index + 1) * envs_per_actor)
@@ -773,7 +775,7 @@ if __name__ == "__main__":
                 actor_busy += result["seconds"]
                 run.env_seconds += result["env_seconds"] / args.num_actors  # per actor: each steps its envs in turn
                 for episode_return in result["returns"]:
-                    run.episode(global_step, episode_return)
+                    run.record_episode(global_step, episode_return)
 
             if args.anneal_lr:
                 learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
@@ -795,8 +797,8 @@ if __name__ == "__main__":
             num_updates += 1
             if num_updates % args.broadcast_every == 0:
                 actor_pool.publish(agent, num_updates)
-            run.log(global_step, metrics, policy_lag=lags[-1])  # one sync per update
-    run.end(global_step, metrics)
+            run.log(global_step, metrics, charts=dict(policy_lag=lags[-1]))  # one sync per update
+    run.end_training(global_step, metrics)
     ray.shutdown()
 
     steady_updates = num_updates - min(num_updates, args.measure_burnin)
@@ -812,4 +814,4 @@ if __name__ == "__main__":
     summary.update(unrolls_lost=actor_pool.unrolls_lost, actor_nodes=dict(Counter(actor_pool.nodes)))
     summary["lstm_padding"] = padded_core_steps / core_steps if core_steps else None
     summary["compiled_pieces"] = ["impala_loss"] if args.compile else []
-    run.finish(partial(evaluate, agent, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, agent, args, device, run.video_folder), summary)

@@ -27,7 +27,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_signals, fail, tune_cpu, usable_cores
+from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -232,7 +232,7 @@ def evaluate(agent, args, device, video_folder=None):
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             actions = policy(torch.from_numpy(obs).to(device), agent=agent)[0]
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -255,7 +255,7 @@ if __name__ == "__main__":
         args,
         counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
         rates=("learning_rate",),
-        fractions=("gae_lambda",),
+        fractions=("gamma", "gae_lambda"),
     )
     if args.envpool_async and args.num_envs % 2:
         fail(f"--envpool-async steps half of the envs at a time: --num-envs {args.num_envs} must be even")
@@ -277,7 +277,7 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    run.keep({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
+    run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
     agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
@@ -316,21 +316,21 @@ if __name__ == "__main__":
         """Sample the actions for these envs' observations, keep them with their log-probs and values, send them."""
         action, logprobs[index], values[index] = policy_step(next_obs)
         actions[index] = action
-        run.in_env(envs.send, action.cpu().numpy(), env_ids)
+        run.timed_env_call(envs.send, action.cpu().numpy(), env_ids)
 
     envs.async_reset()
     global_step = -args.num_envs  # the first recv of each env brings its reset observation, not a step
-    run.open()
+    run.start()
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
-                run.mark_steady(global_step)
+                run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
             while row_of_env.min() <= args.num_steps:
-                check_signals()
-                next_obs_np, reward, terminations, truncations, infos = run.in_env(envs.recv)
+                stop_if_signalled()
+                next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(envs.recv)
                 env_ids = infos["env_id"]
                 if row_of_env[env_ids].max() >= rows:
                     raise RuntimeError(
@@ -356,7 +356,7 @@ if __name__ == "__main__":
                 episode_returns[env_ids] += infos["reward"]
                 episode_lengths[env_ids] += 1
                 for env_id in env_ids[infos["terminated"].astype(bool) | truncations]:
-                    run.episode(global_step, episode_returns[env_id], episode_lengths[env_id])
+                    run.record_episode(global_step, episode_returns[env_id], episode_lengths[env_id])
                     episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
             # views as (row, env); row T = num_steps is each env's bootstrap observation
@@ -398,10 +398,10 @@ if __name__ == "__main__":
                 # comes from the weights it starts from. The cost: that env step no longer overlaps the update.
                 act(slice(0, args.num_envs), obs[: args.num_envs], np.arange(args.num_envs))
             recent = np.mean(run.recent_returns) if run.recent_returns else np.nan  # CleanRL's last 20 games
-            run.log(global_step, metrics, learning_rate=lr_now, avg_episodic_return=recent)
-    run.end(global_step, metrics)
+            run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
+    run.end_training(global_step, metrics)
     envs.close()
 
     summary = {"envpool_async": args.envpool_async, "num_updates": num_updates}
     summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
-    run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)

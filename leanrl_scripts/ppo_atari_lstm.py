@@ -8,41 +8,19 @@ from the stored rollout state or from zeros, so one LSTM call gives exactly the 
 """
 
 import os
-import time
 from collections import defaultdict, namedtuple
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-
-def cores_all_idle(seconds=0.2):
-    """Whether every core this process may use was at least 75% idle over `seconds` (their idle share in
-    /proc/stat); False where the system does not say (not Linux)."""
-
-    def idle_and_total_jiffies():
-        with open("/proc/stat") as f:
-            rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-        return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
-
-    try:
-        cores, before = os.sched_getaffinity(0), idle_and_total_jiffies()
-        time.sleep(seconds)
-        after = idle_and_total_jiffies()
-    except (OSError, AttributeError, ValueError):
-        return False
-    shares = [(after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores if c in before]
-    return bool(shares) and min(shares) >= 0.75
-
-
 # Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
 # programs) need. It costs a wake-up (tens of microseconds) per parallel kernel, and the LSTM runs its small kernels
-# back to back, so on an idle machine libgomp's threads first spin 30,000 rounds (microseconds) and catch the next
-# one: 1.2x the SPS padded (medians) and 1.7x with the loop on a 2-core CPU. Beside busy programs that spin takes
-# their time slices instead: 0.55x (docs/ppo_lstm.md), so not when a core is busy. libgomp reads both once, when
-# torch loads it: they are set here, not in tune_cpu() with the other machine settings.
+# back to back, so libgomp's threads first spin 30,000 rounds (microseconds) and catch the next one: 1.2x the SPS
+# padded (medians) and 1.7x with the loop on an idle 2-core CPU. Beside busy programs that spin takes their time
+# slices instead (0.55x, docs/ppo_lstm.md): there, run with GOMP_SPINCOUNT=0. A fixed default, so that a run's speed
+# does not hang on what else ran as it started; the summary records it. libgomp reads both once, when torch loads it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-if "GOMP_SPINCOUNT" not in os.environ and cores_all_idle():
-    os.environ["GOMP_SPINCOUNT"] = "30000"
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 try:
     import envpool
@@ -55,7 +33,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_signals, fail, tune_cpu, usable_cores
+from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -335,7 +313,7 @@ def evaluate(agent, args, device, video_folder=None):
     no_start = torch.zeros(envs.num_envs, device=device)  # each env's first game counts: its state is never reset
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             actions, _, _, h, c = policy(to_device(obs, device), h, c, no_start, agent=agent)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -358,7 +336,7 @@ if __name__ == "__main__":
         args,
         counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
         rates=("learning_rate",),
-        fractions=("gae_lambda",),
+        fractions=("gamma", "gae_lambda"),
     )
     if args.num_envs % args.num_minibatches:
         rows = f"--num-envs {args.num_envs}: minibatches are whole env rows"
@@ -379,7 +357,7 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    run.keep({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
+    run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
     agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
@@ -417,20 +395,20 @@ if __name__ == "__main__":
     next_done, next_start = torch.zeros(E, device=device), torch.zeros(E, device=device)
     # two tensors: one for both would make the compiled policy guard on that aliasing, and compile again a step later
     h, c = (torch.zeros(1, E, agent.lstm.hidden_size, device=device) for _ in range(2))
-    run.open()
+    run.start()
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
-                run.mark_steady(global_step)
+                run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
             initial_h, initial_c = h.clone(), c.clone()  # the update replays the rollout from these states
             for step in range(T):
-                check_signals()
+                stop_if_signalled()
                 obs[step], dones[step], starts[step], starts_host[step] = next_obs, next_done, next_start, next_start_np
                 actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_start)
-                next_obs_np, reward, terminations, truncations, infos = run.in_env(
+                next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += E
@@ -445,7 +423,7 @@ if __name__ == "__main__":
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
-                    run.episode(global_step, episode_returns[env_id], episode_lengths[env_id])
+                    run.record_episode(global_step, episode_returns[env_id], episode_lengths[env_id])
                     episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
             next_value = policy_step(next_obs, h, c, next_start)[2]
@@ -476,12 +454,12 @@ if __name__ == "__main__":
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
             metrics["explained_variance"] = 1 - (returns - values).var(correction=0) / returns_var
-            run.log(global_step, metrics, learning_rate=lr_now)
-    run.end(global_step, metrics)
+            run.log(global_step, metrics, charts=dict(learning_rate=lr_now))
+    run.end_training(global_step, metrics)
     envs.close()
 
     pieces = ["gae", "policy", "ppo_loss"]
     summary = dict(lstm_impl=args.lstm_impl, padded_steps=padded_steps, real_steps=real_steps, num_updates=num_updates)
-    summary.update(update_shapes=len(update_steps), gomp_spincount=os.environ.get("GOMP_SPINCOUNT"))
+    summary.update(update_shapes=len(update_steps))
     summary["compiled_pieces"] = pieces if args.compile else []
-    run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)

@@ -31,7 +31,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import SIGNALS_RECEIVED, Run, RunArgs, Stopped, check_signals, fail, tune_cpu, usable_cores
+from run_bookkeeping import SIGNALS_RECEIVED, Run, RunArgs, Stopped, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -293,7 +293,7 @@ def stop_together(group):
         all_reduce(signum, group, dist.ReduceOp.MAX)
     if signum.item():  # the agreed number alone decides: a signal noted during the all-reduce waits for the next
         SIGNALS_RECEIVED.append(int(signum.item()))  # the line names the first: a process's own, else this one
-        check_signals()
+        stop_if_signalled()
 
 
 def game_video(folder, first_frame, fps=15):
@@ -319,7 +319,7 @@ def evaluate(agent, args, device, video_folder=None):
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             actions = policy(torch.from_numpy(obs).to(device), agent=agent)[0]
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -346,7 +346,7 @@ if __name__ == "__main__":
         if envpool is None:
             fail('envpool is not installed: pip install ".[envpool]"')
         counts = ("local_num_envs", "num_steps", "num_minibatches", "update_epochs")
-        run = Run(args, counts=counts, rates=("learning_rate",), fractions=("gae_lambda",))
+        run = Run(args, counts=counts, rates=("learning_rate",), fractions=("gamma", "gae_lambda"))
         device = run.device
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         if gpus and args.device_ids and (len(args.device_ids) != local_world_size or max(args.device_ids) >= gpus):
@@ -376,7 +376,7 @@ if __name__ == "__main__":
         optimizer = torch.optim.Adam(
             agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs
         )
-        run.keep({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
+        run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
 
     group = stop_group = None  # the collectives of gradients and statistics, and of one number per env step
     if args.world_size > 1:
@@ -415,11 +415,11 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // batch_size
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
-    run.open(write=rank == 0)  # the others only note a signal; stop_together makes it everyone's
+    run.start(write=rank == 0)  # the others only note a signal; stop_together makes it everyone's
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
-                run.mark_steady(global_step)
+                run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
@@ -427,7 +427,7 @@ if __name__ == "__main__":
                 stop_together(stop_group)
                 obs[step], dones[step] = next_obs, next_done
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)
-                step_result = run.in_env(envs.step, actions[step].cpu().numpy())
+                step_result = run.timed_env_call(envs.step, actions[step].cpu().numpy())
                 next_obs_np, reward, terminations, truncations, infos = step_result
                 global_step += args.num_envs  # every process steps its envs once per step, in lockstep
                 step_data = np.stack([reward, terminations | truncations]).astype(np.float32)
@@ -438,7 +438,9 @@ if __name__ == "__main__":
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0] if rank == 0 else ():
-                    run.episode(global_step, episode_returns[env_id], episode_lengths[env_id])  # the first's envs
+                    run.record_episode(
+                        global_step, episode_returns[env_id], episode_lengths[env_id]
+                    )  # the first's envs
                     episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
 
             # As CleanRL's: the bootstrap observation is the next rollout's first, which the updated policy acts on.
@@ -459,7 +461,7 @@ if __name__ == "__main__":
             averaged = mean_over_processes(torch.stack(list(metrics.values())), group)
             metrics = dict(zip(metrics, averaged))
             if rank == 0:
-                run.log(global_step, metrics, learning_rate=lr_now)
+                run.log(global_step, metrics, charts=dict(learning_rate=lr_now))
             elif not averaged.isfinite().all():  # the first process stops on the same numbers, with the line
                 raise Stopped("training diverged", 1, keep_model=False)
     envs.close()
@@ -467,9 +469,9 @@ if __name__ == "__main__":
         dist.destroy_process_group()
     if rank != 0:
         sys.exit(run.stopped.exit_code if run.stopped else 0)
-    run.end(global_step, metrics)
+    run.end_training(global_step, metrics)
 
     summary = {"world_size": args.world_size, "local_num_envs": args.local_num_envs, "num_updates": num_updates}
     summary["backend"] = backend if args.world_size > 1 else None
     summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
-    run.finish(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)

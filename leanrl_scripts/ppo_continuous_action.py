@@ -22,7 +22,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_signals, fail, tune_cpu
+from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -280,7 +280,7 @@ def evaluate(agent, obs_stats, args, device, video_folder):
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             actions = agent.actor_mean(torch.as_tensor(obs, dtype=torch.float32, device=device))
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -296,7 +296,7 @@ if __name__ == "__main__":
         args,
         counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
         rates=("learning_rate",),
-        fractions=("gae_lambda",),
+        fractions=("gamma", "gae_lambda"),
     )
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
@@ -318,7 +318,7 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    loaded = run.keep({"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim)
+    loaded = run.save_and_load({"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim)
     for normalizer in normalizers if loaded else ():  # the statistics the checkpoint's agent was trained with
         # the checkpoint was loaded onto the device, where .numpy() fails: back to the host first
         normalizer.obs_rms.mean, normalizer.obs_rms.var = (
@@ -354,20 +354,20 @@ if __name__ == "__main__":
         normalizer.update_running_mean = True
     next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    run.open()
+    run.start()
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
-                run.mark_steady(global_step)
+                run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
             for step in range(args.num_steps):
-                check_signals()
+                stop_if_signalled()
                 obs[step], dones[step] = next_obs, next_done
                 # obs[step], not next_obs: a slice of the step's data whose strides differ from the first reset's
                 actions[step], logprobs[step], values[step] = policy_step(obs[step])
-                next_obs_np, reward, terminations, truncations, infos = run.in_env(
+                next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += args.num_envs
@@ -379,7 +379,7 @@ if __name__ == "__main__":
                     step_data[:, obs_dim],
                     step_data[:, obs_dim + 1],
                 )
-                run.episodes(global_step, infos)
+                run.record_gymnasium_episodes(global_step, infos)
 
             advantages, returns = gae_step(rewards, values, dones, agent_view.get_value(next_obs), next_done)
             batch = Batch._make(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values))
@@ -396,8 +396,8 @@ if __name__ == "__main__":
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
-            run.log(global_step, metrics, learning_rate=lr_now)
-    run.end(global_step, metrics)
+            run.log(global_step, metrics, charts=dict(learning_rate=lr_now))
+    run.end_training(global_step, metrics)
     envs.close()
 
     obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
@@ -405,4 +405,4 @@ if __name__ == "__main__":
     obs_state["obs_count"] = float(obs_stats.count)
     evaluation = partial(evaluate, agent_view, obs_stats, args, device, run.video_folder)
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
-    run.finish(evaluation, summary, obs_state)
+    run.evaluate_and_write(evaluation, summary, obs_state)

@@ -1,6 +1,22 @@
 """Run bookkeeping for the scripts beside it: what every script needs and no reader of its algorithm comes for; no
-algorithm (networks, losses, env wrappers, replay). Bad input: one line, exit code 2, before any work. Ctrl-C, SIGTERM:
-a clean stop, exit code 128 + signal. A non-finite value: exit code 1, no model. A stopped run writes its summary."""
+algorithm (networks, losses, env wrappers, replay). A script uses it in this order:
+
+    run = Run(args, counts=..., rates=..., fractions=...)  # bad flags: one line, exit code 2; seeds; the device
+    tune_cpu(args.torch_threads, run.device, threads=...)  # torch's CPU threads, before any tensor work
+    run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the checkpoint's contents
+    run.start()  # the run folder, TensorBoard, W&B, the signal watcher
+    with run.stoppable():  # a Stopped (a signal at a safe point, a non-finite loss) ends the block
+        for ...:
+            stop_if_signalled()  # the safe point a first Ctrl-C or SIGTERM stops at
+            next_obs, ... = run.timed_env_call(envs.step, actions)
+            run.start_speed_measure(step)  # the first call starts the speed figure: warm-up left out
+            run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
+            run.log(step, losses=metrics, charts={"learning_rate": lr})
+    run.end_training(step, metrics)
+    run.evaluate_and_write(evaluate, summary)  # summary.json, model.pt, the SPEED line; a stopped run's exit code
+
+Exit codes: 2 bad input, before any work; 1 a non-finite value (no model saved); 128 + the signal after Ctrl-C
+(130) or SIGTERM (143), the summary of the steps done written in every case."""
 
 import ctypes
 import io
@@ -11,6 +27,7 @@ import random
 import resource
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -21,7 +38,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-SIGNALS_RECEIVED = []  # Ctrl-C and SIGTERM as the handler notes them (Run.open); check_signals raises at safe points
+SIGNALS_RECEIVED = []  # Ctrl-C and SIGTERM as they came (Run.start's watcher notes them); read at the safe points
 
 
 def _script_name():  # the script being run, without .py
@@ -30,9 +47,12 @@ def _script_name():  # the script being run, without .py
 
 @dataclass
 class RunArgs:
-    """The flags every script shares (each script's Args extends it); a field's comment is its --help text."""
+    """The flags every script shares (each script's Args extends it and sets its own env_id and total_timesteps);
+    a field's comment is its --help text. These are all the fields the module reads."""
 
     exp_name: str = field(default_factory=_script_name)  # the name of this experiment
+    env_id: str = ""  # the environment id
+    total_timesteps: int = 0  # total environment steps, all envs together (0 only with --load-model: evaluate it)
     seed: int = 1  # seed of the experiment
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # use CUDA when it is available
@@ -73,7 +93,8 @@ def _cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without 
 
 def usable_cores():
     """The cores this process may run on: its CPU affinity, capped by a container's quota."""
-    cores, quota = len(os.sched_getaffinity(0)), _cpu_quota()
+    cores = len(os.sched_getaffinity(0))
+    quota = _cpu_quota()
     return cores if quota is None else max(1, min(cores, int(quota)))
 
 
@@ -85,13 +106,15 @@ def _jiffies():  # per core: idle (with iowait) and total
 
 def _idle_cores(seconds=0.2):  # the usable cores' idle shares over `seconds`, summed; None where /proc does not say
     try:
-        cores, before = os.sched_getaffinity(0), _jiffies()
+        cores = os.sched_getaffinity(0)
+        before = _jiffies()
         time.sleep(seconds)
         after = _jiffies()
     except (OSError, AttributeError, ValueError):
         return None
     cores &= before.keys() & after.keys()
-    idle, quota = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores), _cpu_quota()
+    idle = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores)
+    quota = _cpu_quota()
     return idle if quota is None else min(idle, quota)
 
 
@@ -99,8 +122,9 @@ def tune_cpu(requested, device, threads, keep_freed_memory=False):
     """Sets torch's CPU threads once, before any tensor work, and returns them: --torch-threads, else OMP_NUM_THREADS,
     else one on CUDA (idle pool threads would compete with the envs), else `threads`: a count, or "idle", the cores
     at least 75% idle at start (a second thread buys small layers 1.2-1.5x on an idle machine and costs 3-4x beside
-    busy processes). `keep_freed_memory`: glibc gives large blocks back to the OS, so each minibatch's activations
-    (tens of MB) were faulted in again; fixed thresholds keep them (1.03-1.13x the SPS on 2 cores, docs/speed.md)."""
+    busy processes). The summary records the count: --torch-threads repeats a run as it ran. `keep_freed_memory`:
+    glibc gives large blocks back to the OS, so each minibatch's activations (tens of MB) were faulted in again;
+    fixed thresholds keep them (1.03-1.13x the SPS on 2 cores, docs/speed.md)."""
     if requested or os.environ.get("OMP_NUM_THREADS"):
         threads = requested or torch.get_num_threads()
     elif device.type == "cuda":
@@ -125,11 +149,12 @@ class Stopped(Exception):
 
     def __init__(self, message, exit_code, keep_model=True):
         super().__init__(message)
-        self.exit_code, self.keep_model = exit_code, keep_model
+        self.exit_code = exit_code
+        self.keep_model = keep_model
 
 
-def check_signals():
-    """For the loop's safe points: Stopped after Ctrl-C or SIGTERM (the handler only notes the signal: Run.open)."""
+def stop_if_signalled():
+    """The loop's safe point: raises Stopped once a Ctrl-C or SIGTERM came, so the run ends between two steps."""
     if SIGNALS_RECEIVED:
         raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
 
@@ -165,25 +190,35 @@ def _graph_counts():  # torch.compile's graphs and graph breaks so far in this p
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
+def _descendants(pid):  # the processes `pid` started (an actor process, Ray's), theirs too
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
+
+
 class Run:
-    """Run(args, counts, rates, fractions) refuses values that are not positive, not a positive number, out of [0, 1],
-    and seeds Python, NumPy and torch. keep() names what a checkpoint holds (and loads one); open() starts the run;
-    inside `with run.stoppable()`, in_env() times the env calls, mark_steady() starts the speed measure on its first
-    call, episode(), episodes() and log() record; end() stops the clock; finish() writes the files and exits."""
+    """One training run's bookkeeping, in the order of the module's docstring. A method's name says what it does."""
 
     def __init__(self, args, counts=(), rates=(), fractions=()):
-        self.args, self.start_time = args, time.perf_counter()
+        """Refuses flags that are not positive (`counts`), not a positive number (`rates`), out of [0, 1]
+        (`fractions`), and seeds Python, NumPy and torch."""
+        self.args = args
+        self.start_time = time.perf_counter()
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
             fail("--total-timesteps must be positive (0 only with --load-model)")
         rules = [
             (counts, lambda value: value > 0, "must be positive"),
             (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-            (("gamma", *fractions), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (fractions, lambda value: 0 <= value <= 1, "must be in [0, 1]"),
             (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
         ]
         for names, valid, rule in rules:
-            for name in filter(lambda name: not valid(getattr(args, name)), names):
-                fail(f"--{name.replace('_', '-')} {rule}")
+            for name in names:
+                if not valid(getattr(args, name)):
+                    fail(f"--{name.replace('_', '-')} {rule}")
         if args.load_model and not os.path.isfile(args.load_model):
             fail(f"--load-model: no checkpoint at {args.load_model}")
         if args.track:  # an optional extra, checked before any work
@@ -212,13 +247,33 @@ class Run:
         # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
         self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
-        self.recent_returns, self.env_seconds, self.stopped, self.steady_time = deque(maxlen=20), 0.0, None, None
+        self.recent_returns = deque(maxlen=20)
+        self.env_seconds = 0.0
+        self.states = None  # what a checkpoint holds: save_and_load
+        self.stopped = None  # the Stopped that ended the run
+        self.steady_time = None  # when the speed measure started
+        self.last_step = 0  # the last step logged: what a run stopped at once reports as done
+        self.final_metrics = {}
+        self.written = False  # summary.json: written once, by the run or by a stop at once
+        self.writing = threading.Lock()
         self.graphs_at_start = _graph_counts()  # what this run compiles, not what the process did before it
+        # Where the main thread waits with no safe point to come: an env call, a compile, W&B's upload. A signal
+        # while the same wait lasts a second stops the run at once (Run.start).
+        self.waiting = []
+        self.waits = 0  # the waits begun so far: a wait that ended and a new one are two
+        if args.compile:
+            from torch._dynamo.callback import on_compile_end, on_compile_start
 
-    def keep(self, states, **sizes):
-        """A checkpoint (--save-model) holds `states` (modules and optimizers) and the `sizes` they were made for. With
-        --load-model, loads them from one made for the same sizes and returns it (for what else it holds)."""
-        self.states, self.sizes, path = states, sizes, self.args.load_model
+            on_compile_start(lambda _: self._wait("a compile"))
+            on_compile_end(lambda _: self.waiting.remove("a compile"))
+
+    def save_and_load(self, states, **sizes):
+        """Names what a checkpoint holds, `states` (modules and optimizers) and the `sizes` they were made for: saved at
+        the end with --save-model, loaded now with --load-model from one made for the same sizes. Returns the loaded
+        checkpoint (for what else it holds) or None."""
+        self.states = states
+        self.sizes = sizes
+        path = self.args.load_model
         if not path:
             return None
         try:
@@ -232,13 +287,20 @@ class Run:
         except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
             fail(f"--load-model: {path} is not a checkpoint of this script ({type(error).__name__})")
         if made_for != sizes:
-            said = lambda sizes: ", ".join(f"{name} {size}" for name, size in sizes.items())  # noqa: E731
-            trained, asked = f"{checkpoint['env_id']} ({said(made_for)})", f"{self.args.env_id} has {said(sizes)}"
-            fail(f"--load-model: {path} was trained on {trained}; {asked}")
+            trained = ", ".join(f"{name} {size}" for name, size in made_for.items())
+            asked = ", ".join(f"{name} {size}" for name, size in sizes.items())
+            trained_on = f"{checkpoint['env_id']} ({trained})"
+            fail(f"--load-model: {path} was trained on {trained_on}; {self.args.env_id} has {asked}")
         return checkpoint
 
-    def open(self, write=True):  # the folder, TensorBoard, W&B and progress (unless not `write`), the signal handlers
+    def start(self, write=True):
+        """Makes the run folder, TensorBoard's writer, the W&B run and the progress bar (unless not `write`), and
+        starts watching for Ctrl-C and SIGTERM: the first stops the run at the next safe point (stop_if_signalled); a
+        second, or one while the run waits in an env call, a compile or W&B's upload that is still going a second
+        later, stops it at once."""
         args = self.args
+        if args.save_model and self.states is None:
+            fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
         if write:
             if self.args.track:  # before the SummaryWriter: sync_tensorboard follows the writers made after it
                 # W&B's files go to ./wandb: in the run folder it would follow its own copies of the events
@@ -259,46 +321,103 @@ class Run:
                 print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
             self.bar = tqdm(total=args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
             self.next_line = time.perf_counter()
-        # The handler only notes the signal: raising in it could interrupt a library mid-way (TensorBoard's writer
-        # queue, left with a lock taken, then hangs the exit). A SIGINT the shell ignores (a background job) stays so.
+        self.write = write
+        # The signals reach a thread of their own through a pipe: the main thread may sit for minutes where no Python
+        # code runs (an env call blocked in C), and a Python handler runs only there. The handler does nothing itself:
+        # raising in it could interrupt a library mid-way (TensorBoard's writer queue, left with a lock taken, then
+        # hangs the exit). A SIGINT the shell ignores (a background job) stays ignored.
         for signum in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, lambda signum, frame: SIGNALS_RECEIVED.append(signum))
+                signal.signal(signum, lambda signum, frame: None)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end)
+        threading.Thread(target=self._watch_signals, args=(read_end,), daemon=True).start()
 
-    def in_env(self, env_call, *args):  # `env_call(*args)`, its time counted as the env's
+    def _watch_signals(self, read_end):
+        count = 0
+        while True:
+            signum = os.read(read_end, 1)[0]
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                count += 1
+                SIGNALS_RECEIVED.append(signum)
+                if count > 1 or self._still_waiting():
+                    self._stop_at_once(SIGNALS_RECEIVED[0])
+
+    def _still_waiting(self):  # whether the main thread is in the same wait a second later: an env step takes ms
+        waits = self.waits
+        time.sleep(1 if self.waiting else 0)
+        return bool(self.waiting) and self.waits == waits
+
+    def _stop_at_once(self, signum):
+        """From the watcher's thread, while the main thread is busy: the summary of the steps done (no model: its
+        update may be half done), every process the run started killed, exit code 128 + signal."""
+        where = f" during {self.waiting[-1]}" if self.waiting else ""
+        self.stopped = Stopped(f"stopped by {signal.Signals(signum).name}{where}", 128 + signum)
+        with self.writing:
+            if self.write and not self.written:
+                self._stop_clock(self.last_step)
+                self.writer.flush()
+                self._write_summary(self._summary())
+            print(f"{self.stopped}: the steps done are in {self.dir}", file=sys.stderr, flush=True)
+            for pid in _descendants(os.getpid()):
+                os.kill(pid, signal.SIGKILL)
+            os._exit(self.stopped.exit_code)
+
+    def _wait(self, reason):  # the main thread enters a wait with no safe point (leaving it: waiting.remove)
+        self.waiting.append(reason)
+        self.waits += 1
+
+    def timed_env_call(self, env_call, *args):
+        """`env_call(*args)`, its time counted as the env's; a signal while it blocks stops the run at once."""
         start = time.perf_counter()
+        self._wait("an env call")
         result = env_call(*args)
+        self.waiting.remove("an env call")
         self.env_seconds += time.perf_counter() - start
         return result
 
-    def mark_steady(self, step):  # the speed measure starts at the first call: warm-up and compilation left out
+    def start_speed_measure(self, step):
+        """Starts the speed figure at the first call, so that warm-up and compilation are left out; later calls do
+        nothing."""
         if self.steady_time is None:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            self.steady_time, self.steady_step, self.env_seconds = time.perf_counter(), step, 0.0
-            self.graphs_at_steady = _graph_counts()[0] - self.graphs_at_start[0]
+            self._start_clock(step)
 
-    def episode(self, step, episode_return, length=None):  # a finished training episode
+    def _start_clock(self, step):
+        self.steady_time = time.perf_counter()
+        self.steady_step = step
+        self.env_seconds = 0.0
+        self.graphs_at_steady = _graph_counts()[0] - self.graphs_at_start[0]
+
+    def record_episode(self, step, episode_return, length=None):
+        """A finished training episode: TensorBoard's charts and the recent returns of the summary."""
         self.recent_returns.append(float(episode_return))
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         if length is not None:
             self.writer.add_scalar("charts/episodic_length", length, step)
 
-    def episodes(self, step, infos):  # those a gymnasium vector step ended, from each env's RecordEpisodeStatistics
-        if "episode" in infos.get("final_info", ()):
-            ended = infos["final_info"]["episode"]
+    def record_gymnasium_episodes(self, step, infos):
+        """The episodes a gymnasium vector step ended, from each env's RecordEpisodeStatistics: under the same-step
+        autoreset they are in infos["final_info"], under the next-step one in infos itself."""
+        ended = infos.get("final_info", infos).get("episode")
+        if ended is not None:
             for episode_return, length in zip(ended["r"][ended["_r"]], ended["l"][ended["_l"]]):
-                self.episode(step, episode_return, length)
+                self.record_episode(step, episode_return, length)
 
-    def log(self, step, metrics, **charts):  # metrics: scalar device tensors, read in one sync; charts: host numbers
-        values = dict(zip(metrics, torch.stack(list(metrics.values())).tolist())) if metrics else {}
+    def log(self, step, losses, charts=None):
+        """`losses` (scalar device tensors, read in one sync; a non-finite one stops the run with exit code 1) go to
+        TensorBoard under losses/, `charts` (host numbers) under charts/, with the SPS and a progress line."""
+        values = dict(zip(losses, torch.stack(list(losses.values())).tolist())) if losses else {}
         for name, value in values.items():
             if not math.isfinite(value):
                 diverged = f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)"
                 raise Stopped(diverged, 1, keep_model=False)
-        for kind, scalars in (("losses", values), ("charts", charts)):
+        for kind, scalars in (("losses", values), ("charts", charts or {})):
             for name, value in scalars.items():
                 self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.last_step = step
         self.bar.update(step - self.bar.n)
         if self.steady_time is not None and step > self.steady_step:
             sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
@@ -310,68 +429,102 @@ class Run:
                 self.next_line = time.perf_counter() + 10  # stderr is a file, nohup, CI: a line every 10 s
 
     @contextmanager
-    def stoppable(self):  # the `with` block ends at the first Stopped, which the run keeps as its reason
+    def stoppable(self):
+        """The `with` block ends at the first Stopped, which the run keeps as its reason."""
         try:
             yield
         except Stopped as stop:
             self.stopped = self.stopped or stop
 
-    def end(self, step, metrics):  # stops the clock; the last metrics also go through the divergence check
-        self.final_metrics = {name: value.item() for name, value in metrics.items()}
+    def end_training(self, step, losses):
+        """Stops the speed figure's clock at `step`; the last losses are logged through the divergence check."""
+        self.final_metrics = {name: value.item() for name, value in losses.items()}
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.mark_steady(step)  # a run that ends before its steady phase has none
-        self.steps_done, self.steady_steps = step, step - self.steady_step
-        self.steady_seconds = time.perf_counter() - self.steady_time
-        self.sps = self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None
+        self._stop_clock(step)
         with self.stoppable():
-            self.log(step, metrics)
+            self.log(step, losses)
         self.bar.close()
 
-    def finish(self, evaluate, summary, extra=None):
-        """Unless stopped, `evaluate()` (a list of returns); then summary.json with the `summary` keys added, model.pt
-        with --save-model (keep()'s states and `extra`; not a diverged one), the last two lines, and the exit code."""
-        args, eval_returns = self.args, []
+    def _stop_clock(self, step):
+        if self.steady_time is None:  # a run that ends before its steady phase has none
+            self._start_clock(step)
+        self.steps_done = step
+        self.steady_steps = step - self.steady_step
+        self.steady_seconds = time.perf_counter() - self.steady_time
+        self.sps = self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None
+
+    def evaluate_and_write(self, evaluate, summary, extra=None):
+        """Unless the run was stopped, `evaluate()` (a list of returns); then summary.json with the script's `summary`
+        keys added, model.pt with --save-model (save_and_load's states and `extra`; not a diverged one), the last two
+        lines, and W&B's end. Returns after a run that was not stopped; exits with the stop's exit code after one."""
+        args = self.args
+        eval_returns = []
         if args.eval_episodes > 0 and not self.stopped:
             with self.stoppable():
                 eval_returns = evaluate()
                 self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
-        for signum in (signal.SIGINT, signal.SIGTERM):  # what remains writes two files in about a second
-            signal.signal(signum, signal.SIG_IGN)
-        mean, now = lambda values: float(np.mean(values)) if values else None, time.perf_counter()  # noqa: E731
-        record = {key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")}
-        record.update(script=_script_name() + ".py", mode=self.mode, cudagraphs_requested=args.cudagraphs)
-        record.update(cudagraphs_active=self.cudagraphs, device=str(self.device), torch_version=torch.__version__)
-        record["torch_threads"] = torch.get_num_threads()
-        graphs, breaks = (now - before for now, before in zip(_graph_counts(), self.graphs_at_start))
-        # a graph compiled after warm-up is a recompilation, paid in the steady phase
-        record.update(compile_graphs=graphs, graph_breaks=breaks, graphs_after_warmup=graphs - self.graphs_at_steady)
-        record.update({key: getattr(self, key) for key in ("sps", "steady_steps", "steady_seconds", "env_seconds")})
-        record.update(warmup_seconds=self.steady_time - self.start_time, total_seconds=now - self.start_time)
-        record.update(return_mean=mean(self.recent_returns), eval_return_mean=mean(eval_returns))
-        memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        record.update(eval_returns=eval_returns, peak_memory_mb=memory, final_metrics=self.final_metrics)
-        record.update(steps_done=self.steps_done, stopped=str(self.stopped) if self.stopped else None)
-        if self.device.type == "cuda":
-            record["peak_cuda_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        record = json.loads(json.dumps({**record, **summary}), parse_constant=lambda constant: None)  # NaN -> null
-        self.writer.close()
+        with self.writing:  # a second signal now waits for the files, about a second, then stops the run
+            self.writer.close()
+            self._write_summary({**self._summary(eval_returns), **summary})
+            if args.save_model and (self.stopped is None or self.stopped.keep_model):  # as it stood, also after a stop
+                states = {name: state.state_dict() for name, state in self.states.items()}
+                buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+                torch.save(
+                    {"env_id": args.env_id, "args": asdict(args), **self.sizes, **states, **(extra or {})}, buffer
+                )
+                _write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
+            self._wait("W&B's upload")
             videos = self.video_folder
             found = os.listdir(videos) if videos and os.path.isdir(videos) else []
             for name in sorted(name for name in found if name.endswith(".mp4")):
                 self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
             self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
-        _write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
-        if args.save_model and (self.stopped is None or self.stopped.keep_model):  # as it stood, also after a stop
-            states = {name: state.state_dict() for name, state in self.states.items()}
-            buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-            torch.save({"env_id": args.env_id, "args": asdict(args), **self.sizes, **states, **(extra or {})}, buffer)
-            _write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
-        evaluation = f"eval return {record['eval_return_mean']:.1f}" if eval_returns else "no evaluation"
-        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
-        print("SPEED " + json.dumps(record))
         if self.stopped:
             done = f": the steps done are in {self.dir}"
             print(f"error: {self.stopped}" if self.stopped.exit_code == 1 else f"{self.stopped}{done}", file=sys.stderr)
             sys.exit(self.stopped.exit_code)
+
+    def _summary(self, eval_returns=()):  # the keys of ../shared/CONVENTIONS.md and how the run ran
+        args = self.args
+        now = time.perf_counter()
+        graphs, breaks = (now - before for now, before in zip(_graph_counts(), self.graphs_at_start))
+        mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
+        record = {key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")}
+        return {
+            **record,  # num_envs: a script without --num-envs gives it in its summary
+            "script": _script_name() + ".py",
+            "mode": self.mode,
+            "cudagraphs_requested": args.cudagraphs,
+            "cudagraphs_active": self.cudagraphs,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            # libgomp's short spin, read when torch loaded it (PPO-LSTM sets it at import): it moves the speed
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+            "compile_graphs": graphs,
+            "graph_breaks": breaks,
+            "graphs_after_warmup": graphs - self.graphs_at_steady,  # recompilations, paid in the steady phase
+            **{key: getattr(self, key) for key in ("sps", "steady_steps", "steady_seconds", "env_seconds")},
+            "warmup_seconds": self.steady_time - self.start_time,
+            "total_seconds": now - self.start_time,
+            "return_mean": mean(self.recent_returns),
+            "eval_return_mean": mean(eval_returns),
+            "eval_returns": list(eval_returns),
+            "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "final_metrics": self.final_metrics,
+            "steps_done": self.steps_done,
+            "stopped": str(self.stopped) if self.stopped else None,
+            **(
+                {"peak_cuda_memory_mb": torch.cuda.max_memory_allocated() / 2**20} if self.device.type == "cuda" else {}
+            ),
+        }
+
+    def _write_summary(self, record):  # summary.json, then its line of figures and the SPEED line
+        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
+        _write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
+        self.written = True
+        evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"
+        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
+        print("SPEED " + json.dumps(record), flush=True)

@@ -20,7 +20,7 @@ import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, check_signals, fail, tune_cpu
+from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -219,7 +219,7 @@ def evaluate(actor, args, device, video_folder):
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        check_signals()
+        stop_if_signalled()
         with torch.no_grad():
             actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
@@ -235,7 +235,7 @@ if __name__ == "__main__":
         args,
         counts=("num_envs", "batch_size", "buffer_size", "policy_frequency"),
         rates=("learning_rate", "tau"),
-        fractions=("tau",),
+        fractions=("gamma", "tau"),
     )
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
@@ -271,7 +271,7 @@ if __name__ == "__main__":
         q_optimizer=q_optimizer,
         actor_optimizer=actor_optimizer,
     )
-    loaded = run.keep(states, obs_dim=obs_dim, act_dim=act_dim)
+    loaded = run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
 
     # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
     # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
@@ -291,19 +291,19 @@ if __name__ == "__main__":
     num_updates, metrics, global_step = 0, {}, 0
     num_iterations = args.total_timesteps // args.num_envs
     obs, _ = envs.reset(seed=args.seed)
-    run.open()
+    run.start()
     with run.stoppable():
         for iteration in range(num_iterations):
-            check_signals()
+            stop_if_signalled()
             global_step = iteration * args.num_envs  # steps done
             if global_step >= args.learning_starts and num_updates >= args.measure_burnin:
-                run.mark_steady(global_step)
+                run.start_speed_measure(global_step)
             if global_step < args.learning_starts and not loaded:
                 actions = envs.action_space.sample()
             else:
                 actions = policy_step(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
-            next_obs, rewards, terminations, truncations, infos = run.in_env(envs.step, actions)
-            run.episodes(global_step, infos)
+            next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, actions)
+            run.record_gymnasium_episodes(global_step, infos)
             rb.add(obs, actions, rewards, true_next_obs(next_obs, infos), terminations)
             obs = next_obs
 
@@ -317,9 +317,9 @@ if __name__ == "__main__":
             if iteration % LOG_EVERY == 0:
                 run.log(global_step, metrics)
         global_step = num_iterations * args.num_envs
-    run.end(global_step, metrics)
+    run.end_training(global_step, metrics)
     envs.close()
 
     pieces = ["actor_loss", "critic_loss", "policy"]
     summary = {"num_updates": num_updates, "compiled_pieces": pieces if args.compile else []}
-    run.finish(partial(evaluate, actor_view, args, device, run.video_folder), summary)
+    run.evaluate_and_write(partial(evaluate, actor_view, args, device, run.video_folder), summary)

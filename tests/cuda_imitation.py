@@ -118,14 +118,14 @@ if __name__ == "__main__":
     if os.path.exists(os.path.join(sys.path[0], "run_bookkeeping.py")):
         import run_bookkeeping
 
-        real_open = run_bookkeeping.Run.open
+        real_start = run_bookkeeping.Run.start
 
-        def open_and_note(run, *args, **kwargs):  # the learners' weights as the run starts
+        def start_and_note(run, *args, **kwargs):  # the learners' weights as the run starts
             namespace = sys.modules["__main__"].__dict__
             started.update({learner: weights_used(attribute(namespace, learner)) for _, learner in pairs})
-            return real_open(run, *args, **kwargs)
+            return real_start(run, *args, **kwargs)
 
-        run_bookkeeping.Run.open = open_and_note
+        run_bookkeeping.Run.start = start_and_note
     namespace = runpy.run_path(sys.argv[0], run_name="__main__")
     for view_path, learner_path in pairs:
         view, learner = weights_used(attribute(namespace, view_path)), weights_used(attribute(namespace, learner_path))

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
-from conftest import SCRIPTS, load_script, run_script
+from conftest import ALL_SCRIPTS, SCRIPTS, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
 FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "impala_ray.py"]
@@ -121,7 +121,7 @@ def test_idle_threads_sleep_is_set_before_torch_loads_openmp(script):
     first_import = re.search(r"^(import|from) (torch|tensordict|envpool|ray|cv2|gymnasium)\b", source, re.M).start()
     assert setting < first_import
     if script == "ppo_atari_lstm.py":  # its LSTM's back-to-back kernels: a short spin before the sleep
-        assert source.index('os.environ["GOMP_SPINCOUNT"] = "30000"') < first_import
+        assert source.index('os.environ.setdefault("GOMP_SPINCOUNT", "30000")') < first_import
 
 
 # Page faults in 25 forward and backward passes of a channels-last Nature CNN on 256 frames, in a fresh process after
@@ -253,29 +253,50 @@ def fake_proc_stat(monkeypatch, module, samples, affinity, quota=None):
     monkeypatch.setattr(module.time, "sleep", lambda seconds: None)
 
 
-def test_the_lstm_spins_before_sleeping_only_when_every_core_it_may_use_is_idle(monkeypatch):
-    """PPO-LSTM's short spin paid 1.2x on an idle 2-core CPU and cost 0.55x beside 5 busy processes."""
-    module = load_script("ppo_atari_lstm.py")
-    before = [(100, 100), (100, 100), (100, 100)]
-    after = [(200, 100), (180, 120), (100, 200)]  # core 0 idle, core 1 at 80% idle, core 2 busy
-    fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1])
-    assert module.cores_all_idle()
-    fake_proc_stat(monkeypatch, module, [before, after], affinity=[0, 1, 2])
-    assert not module.cores_all_idle()
-    monkeypatch.setattr(
-        module, "open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])), raising=False
-    )
-    assert not module.cores_all_idle()  # no /proc: no spin, the choice that costs least when it is wrong
-    spinners = [mp.Process(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)))]
-    for process in spinners:
-        process.start()
+IMPORT_EVERY_SCRIPT = """
+import builtins, importlib.util, json, os, sys, time
+real_open, real_sleep = builtins.open, time.sleep
+def no_proc_stat(path, *args, **kwargs):
+    assert path != "/proc/stat", "read /proc/stat at import"
+    return real_open(path, *args, **kwargs)
+builtins.open = no_proc_stat
+time.sleep = lambda seconds: sys.exit("slept at import")
+import torch, gymnasium, tensordict, tyro  # what the libraries themselves set as they load is theirs
+for library in ("ale_py", "cv2", "envpool", "ray"):
     try:
-        time.sleep(0.3)
-        monkeypatch.undo()
-        assert not module.cores_all_idle(0.5)
-    finally:
-        for process in spinners:
-            process.kill()
+        importlib.import_module(library)
+    except ImportError:
+        pass
+changed = {}
+for path in sys.argv[1:]:
+    before = dict(os.environ)
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    names = os.environ.keys() | before.keys()
+    changed[os.path.basename(path)] = sorted(k for k in names if os.environ.get(k) != before.get(k))
+    os.environ.clear()
+    os.environ.update(before)
+print(json.dumps({"env": changed, "threads": torch.get_num_threads()}))
+"""
+
+
+def test_importing_a_script_reads_no_load_sleeps_not_and_sets_only_what_libraries_read_as_they_load():
+    """A script's pieces can be imported (from ppo_atari_lstm import Agent) without changing the process: only the
+    OpenMP variables libgomp reads when torch loads it, as fixed defaults, never from the load at start."""
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    paths = [os.path.join(SCRIPTS, script) for script in ALL_SCRIPTS]
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERY_SCRIPT, *paths],
+        env={**env, "PYTHONPATH": SCRIPTS},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["threads"] == torch.get_num_threads()
+    for script, changed in result["env"].items():
+        assert set(changed) <= {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}, script
+    assert result["env"]["ppo_atari_lstm.py"] == ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY"]
 
 
 def test_idle_core_count_reads_the_cores_this_process_may_use(monkeypatch):

@@ -5,12 +5,14 @@ import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from conftest import run_script, start_script
+from conftest import SCRIPTS, run_script, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
 BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
@@ -270,3 +272,92 @@ def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
             proc.stderr[-2000:],
         )
         assert not os.path.exists(os.path.join(workdir, "runs"))
+
+
+def wait_for(path, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.05)
+
+
+def assert_stopped_at_once(proc, signum, where, workdir):
+    """The run ended within seconds of the signal, with its exit code, one line and the summary of the steps done."""
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    assert stderr.splitlines()[-1].startswith(f"stopped by {name} during {where}: the steps done are in runs/"), stderr
+    assert "Traceback" not in stderr
+    summary = strict_json(os.path.join(only_run_dir(workdir), "summary.json"))
+    assert summary["stopped"] == f"stopped by {name} during {where}"
+    assert stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+    return summary
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_blocked_env_step_stops_the_run_at_once(signum, workdir):
+    """An env step that blocks for ten minutes: the run stops within seconds, the steps logged before it kept."""
+    marker = os.path.join(workdir, "blocked")
+    env = {"LEANRL_PROBE_MARKER": marker, "LEANRL_PROBE_BLOCK_AT": "3000"}
+    args = ["--env-id", "tests.signal_probe:BlockingCartPole-v0", "--learning-starts", 500, *LONG, "--save-model"]
+    proc = start_script("dqn.py", args, workdir, env=env, sigint_default=True)
+    wait_for(marker, proc)
+    summary = assert_stopped_at_once(proc, signum, "an env call", workdir)
+    assert 500 < summary["steps_done"] < 3000  # the last step logged (every 100 updates: 1000 steps)
+    assert not os.path.exists(os.path.join(only_run_dir(workdir), "model.pt"))  # its update may be half done
+
+
+def test_a_signal_during_compilation_stops_the_run_at_once(workdir):
+    """A compile that takes ten minutes (the probe sleeps as it starts): Ctrl-C stops the run within seconds."""
+    marker = os.path.join(workdir, "compiling")
+    env = {"LEANRL_PROBE_MARKER": marker, "LEANRL_PROBE_SLOW_COMPILE": "1"}
+    args = ["--env-id", "tests.signal_probe:BlockingCartPole-v0", "--learning-starts", 500, *LONG, "--compile"]
+    proc = start_script("dqn.py", args, workdir, env=env, sigint_default=True)
+    wait_for(marker, proc)
+    assert assert_stopped_at_once(proc, signal.SIGINT, "a compile", workdir)["steps_done"] == 0
+
+
+LOOP_WITHOUT_SAFE_POINTS = """
+import subprocess, sys
+from run_bookkeeping import Run, RunArgs
+run = Run(RunArgs(env_id="none", total_timesteps=10))
+run.start()
+child = subprocess.Popen(["sleep", "600"])
+print(child.pid, flush=True)
+while True:  # a loop with no stop_if_signalled()
+    pass
+"""
+
+
+def test_a_second_signal_stops_a_loop_without_safe_points_and_what_it_started(workdir):
+    """The first Ctrl-C waits for a safe point that never comes; the second stops the run, and the process it
+    started, at once."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOOP_WITHOUT_SAFE_POINTS],
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": SCRIPTS},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    child = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1)
+    assert proc.poll() is None  # the first only asks for a stop at the next safe point
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=10)
+    stderr = proc.stderr.read()
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines()[-1].startswith("stopped by SIGINT: the steps done are in runs/"), stderr
+    summary = strict_json(os.path.join(only_run_dir(workdir), "summary.json"))
+    assert summary["stopped"] == "stopped by SIGINT" and summary["steps_done"] == 0
+    time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"

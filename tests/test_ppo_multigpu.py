@@ -248,7 +248,7 @@ def test_a_signal_during_the_stop_all_reduce_waits_for_the_next_one(monkeypatch)
     must not stop on its own (its peer, which sent 0, steps on into the next collective and finds it gone); the
     agreed number alone decides, and the signal goes into the next step's number."""
     module = load_script(SCRIPT)
-    received = module.SIGNALS_RECEIVED  # the list the signal handler fills and check_signals reads
+    received = module.SIGNALS_RECEIVED  # the list the signal handler fills and stop_if_signalled reads
     received.clear()
 
     def all_reduce_during_which_sigterm_comes(tensor, group, op):  # the peer sends 0
