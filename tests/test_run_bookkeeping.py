@@ -16,16 +16,17 @@ from conftest import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 
 # Whole files as ruff formats them at 120 columns. The five scripts LeanRL also has are about as long as LeanRL's
 # compiled script of the same name (CleanRL's are 248-375 lines); the others carry what they exist to show: PPO-LSTM
-# its padded replay, the multi-process PPO its collectives, the Atari DQN the ALE back-end's wrappers, the async DQN
-# its actor process and rate limiter, IMPALA Ray and its actors. Each loss apart from the update that steps on it
-# (what --compile compiles), the pinned copies to the device and the optimizer settings a checkpoint must not bring
-# back added a few lines to some.
+# its padded replay, the async PPO its storage by env id, the multi-process PPO its collectives, the Atari DQN the
+# ALE back-end's wrappers, the async DQN its actor process and rate limiter, IMPALA Ray and its actors. Each loss
+# apart from the update that steps on it (what --compile compiles), the pinned copies to the device and the optimizer
+# settings a checkpoint must not bring back added a few lines to some.
 MAX_LINES = {
     "sac_continuous_action.py": 373,
     "td3_continuous_action.py": 345,
     "ppo_continuous_action.py": 408,
     "dqn.py": 275,
-    "ppo_atari_envpool.py": 436,
+    "ppo_atari_envpool.py": 370,
+    "ppo_atari_envpool_async.py": 395,
     "ppo_atari_lstm.py": 487,
     "ppo_atari_multigpu.py": 475,
     "dqn_atari.py": 420,
