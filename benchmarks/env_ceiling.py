@@ -1,9 +1,9 @@
-"""Env-only Breakout-v5 steps/s: ppo_atari_envpool.py's envpool set-up against envpool's own, at 8, 16 and 32 envs.
+"""Env-only Breakout-v5 steps/s: the PPO Atari scripts' envpool set-up against envpool's own, at 8, 16 and 32 envs.
 
     python benchmarks/env_ceiling.py [--steps 10000] [--envs 8,16,32] > env_ceiling.jsonl
 The first line says what bounds the envs' parallelism (the cores, the process's CPU affinity, a cgroup quota); then
 one JSON line per set-up: the script's (one worker thread per env, up to the usable cores), envpool's default
-(num_threads=0), the workers pinned to cores (thread_affinity_offset=0), the script's --envpool-async (half the envs
+(num_threads=0), the workers pinned to cores (thread_affinity_offset=0), ppo_atari_envpool_async.py's (half the envs
 a batch), and the async layout of envpool's own benchmark (3 envs per batch slot, a worker thread per slot).
 """
 
@@ -82,7 +82,7 @@ def main():
             ("script", n, n, {"num_threads": threads}),
             ("envpool default", n, n, {}),
             ("pinned", n, n, {"num_threads": threads, "thread_affinity_offset": 0}),
-            ("script --envpool-async", n, n // 2, {"num_threads": threads}),
+            ("async script", n, n // 2, {"num_threads": threads}),
         ]
     for batch in [n for n in sizes if n <= 16]:  # 3 envs a batch slot: 48 envs at most
         pinned = {"num_threads": batch, "thread_affinity_offset": 0}

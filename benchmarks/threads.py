@@ -60,8 +60,8 @@ CONFIGS = {
     ),
     "ppo_atari": ("ppo_atari_envpool.py", ATARI + ["--total-timesteps", "10240"], ["--total-timesteps", "4096"]),
     "ppo_atari_async": (
-        "ppo_atari_envpool.py",
-        ATARI + ["--total-timesteps", "10240", "--envpool-async"],
+        "ppo_atari_envpool_async.py",
+        ATARI + ["--total-timesteps", "10240"],
         ["--total-timesteps", "4096"],
     ),
     "ppo_lstm": ("ppo_atari_lstm.py", ATARI + ["--total-timesteps", "8192"], ["--total-timesteps", "4096"]),

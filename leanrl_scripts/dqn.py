@@ -107,7 +107,9 @@ class ReplayBuffer:
         rows = math.ceil(buffer_size / num_envs) * num_envs  # a step's rows never wrap around
         self.rows = torch.zeros(rows, sum(self.columns), device=device)
         self.staged = np.zeros((min(staged_steps * num_envs, rows), sum(self.columns)), np.float32)  # one wrap at most
-        self.buffer_size, self.num_staged, self.inserted = buffer_size, 0, 0
+        self.buffer_size = buffer_size
+        self.num_staged = 0
+        self.inserted = 0
 
     def add(self, obs, actions, rewards, next_obs, terminations):
         if self.num_staged == len(self.staged):
@@ -119,7 +121,8 @@ class ReplayBuffer:
     def flush(self):
         """The staged steps into their rows, in two blocks where they wrap around the end. On CUDA through pinned
         memory: a copy from pageable memory would make the host wait for the updates queued before it."""
-        start, staged = self.inserted % len(self.rows), torch.from_numpy(self.staged[: self.num_staged])
+        start = self.inserted % len(self.rows)
+        staged = torch.from_numpy(self.staged[: self.num_staged])
         staged = staged.pin_memory() if self.rows.is_cuda else staged  # reused only once the copy is done
         first = min(self.num_staged, len(self.rows) - start)
         self.rows[start : start + first] = staged[:first].to(self.rows.device, non_blocking=True)
@@ -181,7 +184,8 @@ def evaluate(q_network, args, device, video_folder=None):
     """Undiscounted return of the first episode in each of --eval-episodes envs, acting greedily."""
     envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -210,7 +214,8 @@ if __name__ == "__main__":
     tune_cpu(args.torch_threads, device, threads=1)
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
-    obs_dim, num_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    obs_dim = envs.single_observation_space.shape[0]
+    num_actions = int(envs.single_action_space.n)
     check_fits(args.buffer_size * (2 * obs_dim + 3) * 4, device, "--buffer-size")
     q_network = QNetwork(obs_dim, num_actions).to(device)
     target_network = QNetwork(obs_dim, num_actions).to(device).requires_grad_(False)
@@ -222,7 +227,8 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"q_network": q_network, "optimizer": optimizer}, obs_dim=obs_dim, num_actions=num_actions)
     target_network.load_state_dict(q_network.state_dict())
-    target_params, online_params = from_module(target_network), from_module(q_network).data
+    target_params = from_module(target_network)
+    online_params = from_module(q_network).data
 
     # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
     # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
@@ -236,7 +242,9 @@ if __name__ == "__main__":
     rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
     rng = np.random.default_rng(args.seed)  # exploration: coins and random actions are drawn on the host
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
-    num_updates, metrics, global_step = 0, {}, 0
+    num_updates = 0
+    metrics = {}
+    global_step = 0
     obs, _ = envs.reset(seed=args.seed)
     run.start()
     with run.stoppable():

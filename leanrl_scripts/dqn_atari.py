@@ -79,7 +79,8 @@ class EpisodicLife(gym.Wrapper):
 
     def __init__(self, env):
         super().__init__(env)
-        self.lives, self.game_over = 0, True
+        self.lives = 0
+        self.game_over = True
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -189,20 +190,23 @@ class FrameReplay:
     the memory. Rows are used round-robin."""
 
     def __init__(self, buffer_size, num_envs, device, stack=4):
-        self.buffer_rows, self.stack = math.ceil(buffer_size / num_envs), stack
+        self.buffer_rows = math.ceil(buffer_size / num_envs)
+        self.stack = stack
         rows = self.buffer_rows + stack  # + stack: the oldest sampled row still has its frames
         # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
         self.frames = torch.empty((rows, num_envs, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((rows, num_envs), dtype=torch.long, device=device)
         self.rewards, self.terminations = (torch.zeros((rows, num_envs), device=device) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool, device=device) for _ in range(2))
-        self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
+        self.next_valid = np.ones(num_envs, dtype=bool)
+        self.next_first = np.ones(num_envs, dtype=bool)
         self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
 
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
         """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
         them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
-        row, flags = step % len(self.frames), (self.next_valid, self.next_first)
+        row = step % len(self.frames)
+        flags = (self.next_valid, self.next_first)
         self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
         columns = (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first)
         for column, value in zip(columns, (obs[:, -1], actions, rewards, terminations, *flags)):
@@ -213,9 +217,11 @@ class FrameReplay:
         lane (`steps` rows written; the newest has no next frame yet): obs, actions, rewards, next_obs,
         terminations. Twice the batch is drawn and the first valid ones kept: rejection sampling, exact unless
         more than half the draws hit reset steps (about one row per episode)."""
-        rows, lanes = len(self.frames), self.frames.shape[1]
+        rows = len(self.frames)
+        lanes = self.frames.shape[1]
         age = torch.randint(0, min(steps - 1, self.buffer_rows), (2 * batch_size,), device=self.frames.device)
-        row, lane = (steps - 2 - age) % rows, torch.randint_like(age, lanes)
+        row = (steps - 2 - age) % rows
+        lane = torch.randint_like(age, lanes)
         keep = torch.argsort((~self.valid[row, lane]).byte(), stable=True)[:batch_size]
         row, lane = row[keep], lane[keep]
         obs, next_obs = self.stacks(row, lane)
@@ -297,8 +303,10 @@ def evaluate(q_network, args, device, video_folder=None):
     )
     obs, _ = envs.reset()
     video = game_video(video_folder, first_screen(envs)) if video_folder else None
-    rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    rng = np.random.default_rng(args.seed)
+    num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         actions = epsilon_greedy(partial(policy, q_network=q_network), obs, 0.05, rng, num_actions, device)
@@ -341,7 +349,8 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions)
     target_network.load_state_dict(q_network.state_dict())
-    target_params, online_params = from_module(target_network), from_module(q_network).data
+    target_params = from_module(target_network)
+    online_params = from_module(q_network).data
 
     # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
     # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
@@ -355,7 +364,11 @@ if __name__ == "__main__":
     rb = FrameReplay(args.buffer_size, args.num_envs, device)
     rng = np.random.default_rng(args.seed)  # exploration: coins and random actions are drawn on the host
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
-    scores, lengths, num_updates, metrics, global_step = np.zeros(args.num_envs), np.zeros(args.num_envs, int), 0, {}, 0
+    scores = np.zeros(args.num_envs)
+    lengths = np.zeros(args.num_envs, int)
+    num_updates = 0
+    metrics = {}
+    global_step = 0
     obs, _ = envs.reset()
     run.start()
     with run.stoppable():
@@ -374,7 +387,8 @@ if __name__ == "__main__":
             scores, lengths = scores + infos["reward"], lengths + 1  # the true score: info["reward"] is unclipped
             for score, length in zip(scores[game_over], lengths[game_over]):
                 run.record_episode(global_step, score, length)
-            scores[game_over], lengths[game_over] = 0, 0
+            scores[game_over] = 0
+            lengths[game_over] = 0
 
             # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:

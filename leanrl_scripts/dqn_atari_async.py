@@ -94,7 +94,8 @@ class EpisodicLife(gym.Wrapper):
 
     def __init__(self, env):
         super().__init__(env)
-        self.lives, self.game_over = 0, True
+        self.lives = 0
+        self.game_over = True
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -237,14 +238,16 @@ class FrameReplay:
     columns = ("frames", "actions", "rewards", "terminations", "valid", "first")
 
     def __init__(self, buffer_size, num_envs, obs_shape, frame_dtype, extra_rows):
-        self.buffer_rows, self.stack = math.ceil(buffer_size / num_envs), obs_shape[0]
+        self.buffer_rows = math.ceil(buffer_size / num_envs)
+        self.stack = obs_shape[0]
         rows = self.buffer_rows + extra_rows + self.stack  # + stack: the oldest sampled row still has its frames
         # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
         self.frames = torch.empty((rows, num_envs, *obs_shape[1:]), dtype=frame_dtype)
         self.actions = torch.zeros((rows, num_envs), dtype=torch.long)
         self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
-        self.next_valid, self.next_first = np.ones(num_envs, dtype=bool), np.ones(num_envs, dtype=bool)
+        self.next_valid = np.ones(num_envs, dtype=bool)
+        self.next_first = np.ones(num_envs, dtype=bool)
         self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
         for name in self.columns:
             getattr(self, name).share_memory_()
@@ -252,7 +255,8 @@ class FrameReplay:
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
         """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
         them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
-        row, flags = step % len(self.frames), (self.next_valid, self.next_first)
+        row = step % len(self.frames)
+        flags = (self.next_valid, self.next_first)
         self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
         for name, value in zip(self.columns, (obs[:, -1], actions, rewards, terminations, *flags)):
             getattr(self, name).numpy()[row] = value  # numpy's assignment: a third of torch's per-call cost
@@ -270,7 +274,8 @@ class FrameReplay:
     def catch_up(self, source, steps):
         """Copy from `source` (the shared storage) the rows of vector steps self.copied to steps - 1, the whole
         rows the actor has counted as inserted. Rows that wrap are copied in two blocks."""
-        rows, start = len(self.frames), max(self.copied, steps - len(self.frames))
+        rows = len(self.frames)
+        start = max(self.copied, steps - len(self.frames))
         while start < steps:
             row = start % rows
             block = slice(row, row + min(steps - start, rows - row))
@@ -286,9 +291,11 @@ class FrameReplay:
         lane (`steps` rows written; the newest has no next frame yet), on the storage's device: obs, actions,
         rewards, next_obs, terminations. Twice the batch is drawn and the first valid ones kept: rejection
         sampling, exact unless more than half the draws hit reset steps (about one row per episode)."""
-        rows, lanes = len(self.frames), self.frames.shape[1]
+        rows = len(self.frames)
+        lanes = self.frames.shape[1]
         age = torch.randint(0, min(steps - 1, self.buffer_rows), (2 * batch_size,), device=self.frames.device)
-        row, lane = (steps - 2 - age) % rows, torch.randint_like(age, lanes)
+        row = (steps - 2 - age) % rows
+        lane = torch.randint_like(age, lanes)
         keep = torch.argsort((~self.valid[row, lane]).byte(), stable=True)[:batch_size]
         row, lane = row[keep], lane[keep]
         obs, next_obs = self.stacks(row, lane)
@@ -334,10 +341,14 @@ class RateLimiter:
 
     def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
         ratio = Fraction(samples_per_insert)
-        self.p, self.q, self.min_size = ratio.numerator, ratio.denominator, min_size
+        self.p = ratio.numerator
+        self.q = ratio.denominator
+        self.min_size = min_size
         self.min_scaled = min_size * self.p - error_buffer * self.q  # (min_size x spi - error_buffer) x q
         self.max_scaled = min_size * self.p + error_buffer * self.q
-        self.counts, self.insert_posted, self.sample_posted = ctx.RawValue(Counts), ctx.Semaphore(0), ctx.Semaphore(0)
+        self.counts = ctx.RawValue(Counts)
+        self.insert_posted = ctx.Semaphore(0)
+        self.sample_posted = ctx.Semaphore(0)
 
     inserts = property(lambda self: self.counts.inserts)
     samples = property(lambda self: self.counts.samples)
@@ -430,7 +441,9 @@ class DeviceCopy:
     weights there (`version` counts the writes): 6.7 MB host to device every --actor-sync-every updates on Atari."""
 
     def __init__(self, shared, version, device):
-        self.network, self.version, self.seen = copy.deepcopy(shared).to(device), version, version.value
+        self.network = copy.deepcopy(shared).to(device)
+        self.version = version
+        self.seen = version.value
         self.params, self.shared_params = from_module(self.network), from_module(shared)
 
     def refresh(self):
@@ -456,10 +469,13 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
         device_copy = DeviceCopy(q_network, version, device) if device.type == "cuda" else None
         acting_device = device if device_copy else torch.device("cpu")
         acting = device_copy.network if device_copy else q_network
-        policy_step, rng = partial(policy, q_network=acting), np.random.default_rng(args.seed)
+        policy_step = partial(policy, q_network=acting)
+        rng = np.random.default_rng(args.seed)
         num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
         obs, _ = envs.reset()
-        scores, lengths, env_seconds = np.zeros(args.num_envs), np.zeros(args.num_envs, int), 0.0
+        scores = np.zeros(args.num_envs)
+        lengths = np.zeros(args.num_envs, int)
+        env_seconds = 0.0
         for step in range(args.total_timesteps // args.num_envs):
             if not limiter.await_insert(args.num_envs, parent_alive):  # closed: the learner is done
                 break
@@ -480,7 +496,8 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
             if ended.any():
                 games = [((step + 1) * args.num_envs, *game) for game in zip(scores[ended], lengths[ended])]
                 reports.put(("games", games, env_seconds))
-                scores[ended], lengths[ended] = 0, 0
+                scores[ended] = 0
+                lengths[ended] = 0
             obs = next_obs
         reports.put(("games", [], env_seconds))
     except BaseException:
@@ -498,7 +515,10 @@ class ActorProcess:
     it has not: no process outlives the run."""
 
     def __init__(self, ctx, args, rb, limiter, q_network, device):
-        self.limiter, self.reports, self.env_seconds, self.error = limiter, ctx.Queue(), 0.0, None
+        self.limiter = limiter
+        self.reports = ctx.Queue()
+        self.env_seconds = 0.0
+        self.error = None
         self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
         self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
         self.version = ctx.Value("Q", 0, lock=False)  # weight writes so far, read and written under weights_lock
@@ -582,9 +602,12 @@ def evaluate(q_network, args, device, video_folder=None):
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
     fps = 15 if q_network.pixels else envs.envs[0].metadata.get("render_fps", 30)
     video = game_video(video_folder, first_screen(envs), fps) if video_folder else None
-    rng, num_actions = np.random.default_rng(args.seed), int(getattr(envs, "single_action_space", envs.action_space).n)
-    policy_step, epsilon = partial(policy, q_network=q_network), 0.05 if q_network.pixels else 0.0
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    rng = np.random.default_rng(args.seed)
+    num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    policy_step = partial(policy, q_network=q_network)
+    epsilon = 0.05 if q_network.pixels else 0.0
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         actions = epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device)
@@ -633,7 +656,8 @@ if __name__ == "__main__":
         {"q_network": q_network, "optimizer": optimizer}, obs_shape=[*obs_space.shape], num_actions=num_actions
     )
     target_network.load_state_dict(q_network.state_dict())
-    target_params, online_params = from_module(target_network), from_module(q_network).data
+    target_params = from_module(target_network)
+    online_params = from_module(q_network).data
 
     # --compile compiles the learner's loss (the actor process acts eagerly, see run_actor): the function itself, its
     # keyword arguments bound after, so a graph break inside it resumes there
@@ -657,7 +681,9 @@ if __name__ == "__main__":
     played = args.total_timesteps // args.num_envs * args.num_envs  # whole vector steps
     total_updates = max(0, played - args.learning_starts) // args.train_frequency
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
-    num_updates, metrics, wait_seconds = 0, {}, 0.0
+    num_updates = 0
+    metrics = {}
+    wait_seconds = 0.0
     run.start()
     actor = ActorProcess(ctx, args, rb, limiter, q_network, device)
     sampled = rb.mirror(device) if device.type == "cuda" else rb  # after the actor process has taken its rb

@@ -191,7 +191,8 @@ class Agent(nn.Module):
 
     def __init__(self, obs_shape, num_actions, resnet=False, lstm=False):
         super().__init__()
-        self.pixels, self.value_torso = len(obs_shape) == 3, None
+        self.pixels = len(obs_shape) == 3
+        self.value_torso = None
         if not self.pixels:  # two torsos: on small problems the value loss's gradients swamp a shared one
             self.torso, self.value_torso = (
                 nn.Sequential(
@@ -328,7 +329,8 @@ class RewardScale:
     1e-4 samples). An actor restarted after a crash starts its statistics again."""
 
     def __init__(self, num_envs, gamma):
-        self.discounted, self.gamma = np.zeros(num_envs), gamma
+        self.discounted = np.zeros(num_envs)
+        self.gamma = gamma
         self.returns = gym.wrappers.utils.RunningMeanStd(shape=())
 
     def __call__(self, rewards, dones):
@@ -347,7 +349,9 @@ class UnrollActor:
         self.envs = make_envs(args.env_id, args.envs_per_actor, args.seed + 1000 * actor_index, hide_obs=args.hide_obs)
         self.agent = Agent(*spaces(self.envs), args.resnet, args.lstm)
         self.agent.requires_grad_(False)
-        self.unroll_length, self.gamma, self.version = args.unroll_length, args.gamma, -1
+        self.unroll_length = args.unroll_length
+        self.gamma = args.gamma
+        self.version = -1
         self.obs = self.envs.reset()[0]
         self.state = self.agent.initial_state(args.envs_per_actor)  # the core's, carried across unrolls
         self.node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
@@ -358,14 +362,18 @@ class UnrollActor:
     def unroll(self, weights, version):
         """Returns the unroll (the fields of Unrolls, numpy arrays), the weights' version that acted, finished games'
         true scores and the seconds spent (all, and in the envs)."""
-        start, env_seconds, finished = time.perf_counter(), 0.0, []
+        start = time.perf_counter()
+        env_seconds = 0.0
+        finished = []
         if version != self.version:
             self.agent.load_state_dict(weights)
             self.version = version
-        steps, num_envs = self.unroll_length, len(self.obs)
+        steps = self.unroll_length
+        num_envs = len(self.obs)
         obs = np.empty((steps + 1, *self.obs.shape), dtype=self.obs.dtype)
         actions = np.empty((steps, num_envs), np.int64)
-        rewards, dones = np.empty((steps, num_envs), np.float32), np.empty((steps, num_envs), np.float32)
+        rewards = np.empty((steps, num_envs), np.float32)
+        dones = np.empty((steps, num_envs), np.float32)
         logits = np.empty((steps, num_envs, self.agent.policy_head.out_features), np.float32)
         initial_h, initial_c = (part.numpy().copy() for part in self.state)
         for t in range(steps):
@@ -420,7 +428,9 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, *, rho_clip=1.
 def impala_loss(unrolls, layout, *, agent, args):
     """The IMPALA loss of a batch of Unrolls (`layout`: their `segment_layout` for the core, else empty), and its
     metrics on the device."""
-    actions, dones, rewards = unrolls.actions, unrolls.dones, unrolls.rewards
+    actions = unrolls.actions
+    dones = unrolls.dones
+    rewards = unrolls.rewards
     T = len(actions)
     logits, values = agent.replay(unrolls.obs, (unrolls.initial_h, unrolls.initial_c), layout)
     log_probs = logits[:-1].log_softmax(-1)
@@ -480,7 +490,9 @@ class UnrollReplay:
         )
         self.host_dones = np.zeros((unrolls.dones.shape[0], capacity), np.float32)
         self.columns = torch.arange(unrolls.dones.shape[1], device=device)  # slots from the cursor, on the device
-        self.capacity, self.size, self.cursor = capacity, 0, 0
+        self.capacity = capacity
+        self.size = 0
+        self.cursor = 0
 
     def add(self, unrolls, host_dones):
         slots = (self.cursor + np.arange(host_dones.shape[1])) % self.capacity
@@ -584,7 +596,8 @@ class ActorPool:
         self.actors = [remote(UnrollActor).remote(args, index) for index in range(args.num_actors)]
         self.envs_per_actor = args.envs_per_actor
         self.publish(agent, 0)
-        self.pending, self.calls = {}, 0  # call in flight -> (actor index, call number)
+        self.pending = {}
+        self.calls = 0  # call in flight -> (actor index, call number)
         # Per actor, None while it is up, else the number of the last call made before a failure was seen: a call
         # made earlier may still succeed (it ran before the death) or fail; only a later one shows it is back.
         self.down_since = [None] * args.num_actors
@@ -599,7 +612,8 @@ class ActorPool:
 
     def publish(self, agent, version):
         """The actors' next calls fetch the agent's weights, as they are now, through the object store."""
-        self.weights, self.version = ray.put({k: v.cpu() for k, v in agent.state_dict().items()}), version
+        self.weights = ray.put({k: v.cpu() for k, v in agent.state_dict().items()})
+        self.version = version
 
     def next_unroll(self):
         """The result of the next call that succeeds, and the seconds spent waiting for it."""
@@ -665,7 +679,8 @@ def evaluate(agent, args, device, video_folder=None):
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
     fps = 15 if agent.pixels else envs.envs[0].metadata.get("render_fps", 30)
     video = game_video(video_folder, first_screen(envs), fps) if video_folder else None
-    returns, finished = np.zeros(len(obs)), np.zeros(len(obs), dtype=bool)
+    returns = np.zeros(len(obs))
+    finished = np.zeros(len(obs), dtype=bool)
     state = agent.initial_state(len(obs), device)
     while not finished.all():
         stop_if_signalled()
@@ -741,8 +756,10 @@ if __name__ == "__main__":
     actor_pool = ActorPool(args, agent)
 
     # Fresh unrolls are gathered column by column in host memory (pinned on CUDA), then sent to the device at once.
-    steps, envs_per_actor = args.unroll_length, args.envs_per_actor
-    calls_per_batch, steps_per_call = num_fresh // envs_per_actor, steps * envs_per_actor
+    steps = args.unroll_length
+    envs_per_actor = args.envs_per_actor
+    calls_per_batch = num_fresh // envs_per_actor
+    steps_per_call = steps * envs_per_actor
     pin = device.type == "cuda"
     obs_dtype = torch.uint8 if agent.pixels else torch.float32
     staging = Unrolls(
@@ -756,7 +773,13 @@ if __name__ == "__main__":
     staging_np = Unrolls(*(t.numpy() for t in staging))
     replay = UnrollReplay(args.replay_size, staging, device) if num_replayed else None
 
-    metrics, num_updates, global_step, actor_steps, learner_wait, actor_busy, lags = {}, 0, 0, 0, 0.0, 0.0, []
+    metrics = {}
+    num_updates = 0
+    global_step = 0
+    actor_steps = 0
+    learner_wait = 0.0
+    actor_busy = 0.0
+    lags = []
     core_steps = padded_core_steps = 0
     with run.stoppable():
         while global_step < args.total_timesteps:
@@ -780,7 +803,8 @@ if __name__ == "__main__":
             if args.anneal_lr:
                 learning_rate.fill_(args.learning_rate * max(0.0, 1.0 - global_step / args.total_timesteps))
             # reusing the staging buffers is safe: the metrics read in run.log waits for the update, hence the copy
-            batch, host_dones = Unrolls(*(t.to(device, non_blocking=True) for t in staging)), staging_np.dones
+            batch = Unrolls(*(t.to(device, non_blocking=True) for t in staging))
+            host_dones = staging_np.dones
             if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
                 replay.add(batch, host_dones)
                 replayed, replayed_dones = replay.sample(num_replayed, replay_generator)

@@ -1,9 +1,9 @@
 """Proximal Policy Optimization (PPO, Schulman et al. 2017) on Atari with envpool, one file.
 
-Speed: the rollout lives in preallocated device tensors written by row and env id, so the synchronous and the
-asynchronous envpool modes (`--envpool-async`: the network acts for one half of the envs while the other half
-steps) share one loop; the convolutions run channels-last (mkldnn's NHWC kernels halve their backward on CPU);
-GAE is a log-depth scan; the policy step, GAE and update can be wrapped in torch.compile and CUDA graphs.
+Speed: CleanRL's rollout in preallocated device tensors, the observations reaching them through one pinned buffer;
+the convolutions run channels-last (mkldnn's NHWC kernels halve their backward on CPU); GAE is a log-depth scan; the
+policy step, GAE and update can be wrapped in torch.compile and CUDA graphs. Cost: a host copy of each step's frames
+into the pinned buffer. Envpool's async mode, which needs storage of its own, is ppo_atari_envpool_async.py.
     python leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --compile --cudagraphs
 """
 
@@ -42,8 +42,6 @@ class Args(RunArgs):
     """the number of parallel game environments"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
-    envpool_async: bool = False
-    """step half of the envs while the network acts for the other half (envpool's batch_size = num_envs / 2)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
     gamma: float = 0.99
@@ -72,7 +70,7 @@ class Args(RunArgs):
     """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
 
 
-def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True, render=False):
+def make_envs(env_id, num_envs, seed=0, training=True, render=False):
     """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
     an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score. One worker
     thread per env, up to the usable cores: envpool's default counts every core of the host, quota or not."""
@@ -84,7 +82,6 @@ def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True, render=F
         env_id,
         env_type="gymnasium",
         num_envs=num_envs,
-        batch_size=batch_size or num_envs,
         num_threads=min(num_envs, usable_cores()),
         episodic_life=training,
         reward_clip=training,
@@ -171,7 +168,9 @@ class Batch(NamedTuple):
 def ppo_loss(minibatch, *, agent, args):
     """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
-    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    advantages = minibatch.advantages
+    returns = minibatch.returns
+    values = minibatch.values
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
@@ -230,7 +229,8 @@ def evaluate(agent, args, device, video_folder=None):
     torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -257,8 +257,6 @@ if __name__ == "__main__":
         rates=("learning_rate",),
         fractions=("gamma", "gae_lambda"),
     )
-    if args.envpool_async and args.num_envs % 2:
-        fail(f"--envpool-async steps half of the envs at a time: --num-envs {args.num_envs} must be even")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")
@@ -270,8 +268,7 @@ if __name__ == "__main__":
     # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
     tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
 
-    env_batch = args.num_envs // 2 if args.envpool_async else args.num_envs
-    envs = make_envs(args.env_id, args.num_envs, env_batch, seed=args.seed)
+    envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
     num_actions = int(envs.action_space.n)
     agent = Agent(num_actions).to(device)
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
@@ -293,33 +290,32 @@ if __name__ == "__main__":
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
 
-    # Row r of env e holds its r-th observation of this rollout, what arrived with it (the reward and done of
-    # the step into it) and what the policy sent back. Each env fills its own column; a rollout is complete
-    # when every env has num_steps + 1 rows, the last one bootstrapping GAE. In async mode envs can run a few
-    # steps ahead of others: room for num_steps extra rows, and the rows past num_steps move to the front.
-    rows = 2 * args.num_steps + 1
-    obs = torch.zeros((rows * args.num_envs, *envs.observation_space.shape), dtype=torch.uint8, device=device)
-    obs = obs.contiguous(memory_format=torch.channels_last)
-    actions = torch.zeros(rows * args.num_envs, dtype=torch.long, device=device)
-    logprobs, rewards, dones, values = (torch.zeros(rows * args.num_envs, device=device) for _ in range(4))
-    row_of_env = np.zeros(args.num_envs, dtype=np.int64)  # host-side cursor, indexed by env id
-    # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
-    # the copy precedes the policy step on the stream, and the host waits for the actions before the next recv.
-    staging = torch.empty(
-        (env_batch, *envs.observation_space.shape), dtype=torch.uint8, pin_memory=device.type == "cuda"
+    T = args.num_steps
+    frame_shape = envs.observation_space.shape
+    # (T, num_envs) frames stored channels-last, as the policy and the update read them: no conversion per minibatch
+    obs = torch.empty(
+        (T * args.num_envs, *frame_shape), dtype=torch.uint8, device=device, memory_format=torch.channels_last
     )
+    obs = obs.view(T, args.num_envs, *frame_shape)
+    actions = torch.zeros((T, args.num_envs), dtype=torch.long, device=device)
+    logprobs, rewards, dones, values = (torch.zeros((T, args.num_envs), device=device) for _ in range(4))
+    # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
+    # the copy precedes the policy step on the stream, and the host waits for the actions before the next step.
+    staging = torch.empty((args.num_envs, *frame_shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
-    episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    metrics, num_updates = {}, 0
 
-    def act(index, next_obs, env_ids):
-        """Sample the actions for these envs' observations, keep them with their log-probs and values, send them."""
-        action, logprobs[index], values[index] = policy_step(next_obs)
-        actions[index] = action
-        run.timed_env_call(envs.send, action.cpu().numpy(), env_ids)
+    def to_device(next_obs_np):
+        """The envs' observations on the device, channels-last once for the storage and the policy."""
+        np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
+        return staging.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
 
-    envs.async_reset()
-    global_step = -args.num_envs  # the first recv of each env brings its reset observation, not a step
+    episode_returns = np.zeros(args.num_envs)
+    episode_lengths = np.zeros(args.num_envs, dtype=np.int64)
+    metrics = {}
+    num_updates = 0
+    global_step = 0
+    next_obs = to_device(run.timed_env_call(envs.reset)[0])
+    next_done = torch.zeros(args.num_envs, device=device)
     run.start()
     with run.stoppable():
         for iteration in range(num_iterations):
@@ -328,54 +324,34 @@ if __name__ == "__main__":
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
-            while row_of_env.min() <= args.num_steps:
+            for step in range(T):
                 stop_if_signalled()
-                next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(envs.recv)
-                env_ids = infos["env_id"]
-                if row_of_env[env_ids].max() >= rows:
-                    raise RuntimeError(
-                        f"env {env_ids[row_of_env[env_ids].argmax()]} ran {args.num_steps} steps ahead of another"
-                    )
-                # one small host-to-device copy for the rewards, dones and storage indices together
-                step_data = np.stack(
-                    [reward, terminations | truncations, row_of_env[env_ids] * args.num_envs + env_ids]
-                )
-                step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
-                index = step_data[2].long()
-                np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
-                # channels-last once, for the storage and the policy
-                next_obs = staging.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
-                obs[index], rewards[index], dones[index] = next_obs, step_data[0], step_data[1]
-                if args.envpool_async or row_of_env[env_ids[0]] < args.num_steps:  # sync: every env on one row
-                    act(index, next_obs, env_ids)
-                else:  # sync, the bootstrap row: its value for GAE now, its action after the update (below)
-                    values[index] = policy_step(next_obs)[2]
-                row_of_env[env_ids] += 1
-                global_step += len(env_ids)
+                global_step += args.num_envs
+                obs[step] = next_obs
+                dones[step] = next_done
+                actions[step], logprobs[step], values[step] = policy_step(next_obs)
+                step_result = run.timed_env_call(envs.step, actions[step].cpu().numpy())
+                next_obs_np, reward, terminations, truncations, infos = step_result
+                # one small host-to-device copy for the rewards and dones together
+                step_data = np.stack([reward, terminations | truncations]).astype(np.float32)
+                step_data = torch.from_numpy(step_data).to(device, non_blocking=True)
+                rewards[step] = step_data[0]
+                next_done = step_data[1]
+                next_obs = to_device(next_obs_np)
                 # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
-                episode_returns[env_ids] += infos["reward"]
-                episode_lengths[env_ids] += 1
-                for env_id in env_ids[infos["terminated"].astype(bool) | truncations]:
+                episode_returns += infos["reward"]
+                episode_lengths += 1
+                for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
                     run.record_episode(global_step, episode_returns[env_id], episode_lengths[env_id])
-                    episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+                    episode_returns[env_id] = 0.0
+                    episode_lengths[env_id] = 0
 
-            # views as (row, env); row T = num_steps is each env's bootstrap observation
-            T = args.num_steps
-            by_row = [
-                t.view(rows, args.num_envs, *t.shape[1:]) for t in (obs, actions, logprobs, rewards, dones, values)
-            ]
-            obs_rows, action_rows, logprob_rows, reward_rows, done_rows, value_rows = by_row
-            advantages, returns = gae_step(
-                reward_rows[1 : T + 1], value_rows[:T], done_rows[:T], value_rows[T], done_rows[T]
-            )
-            batch = Batch(
-                obs_rows[:T].flatten(0, 1),
-                action_rows[:T].flatten(0, 1),
-                logprob_rows[:T].flatten(0, 1),
-                advantages.flatten(),
-                returns.flatten(),
-                value_rows[:T].flatten(),
-            )
+            # As CleanRL's: next_obs bootstraps GAE with its value now, and the next rollout's first step acts on it
+            # with the updated weights, so every row an update gets comes from the weights it starts from. Its value
+            # comes from the policy step (one action sampled and dropped): the compiled piece, no graph of its own.
+            next_value = policy_step(next_obs)[2]
+            advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
+            batch = Batch(*(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values)))
             minibatch_metrics = []
             for _ in range(args.update_epochs):
                 order = torch.randperm(batch_size, device=device)
@@ -389,19 +365,10 @@ if __name__ == "__main__":
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
-            carried = row_of_env.max() - T  # rows past the rollout start the next one (the bootstrap row at least)
-            for t in by_row:
-                t[:carried] = t[T : T + carried].clone()
-            row_of_env -= T
-            if not args.envpool_async and iteration + 1 < num_iterations:
-                # As CleanRL's: the updated policy acts on the bootstrap observation, so every row of the next update
-                # comes from the weights it starts from. The cost: that env step no longer overlaps the update.
-                act(slice(0, args.num_envs), obs[: args.num_envs], np.arange(args.num_envs))
             recent = np.mean(run.recent_returns) if run.recent_returns else np.nan  # CleanRL's last 20 games
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
     run.end_training(global_step, metrics)
     envs.close()
 
-    summary = {"envpool_async": args.envpool_async, "num_updates": num_updates}
-    summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
+    summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
     run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)

@@ -231,7 +231,9 @@ def ppo_loss(minibatch, *, agent, args):
     """The clipped PPO loss of a Minibatch over its steps but envpool's reset steps (after an episode's last frame,
     the action ignored): they teach nothing, and CleanRL's wrappers, which reset within the ending step, never store
     them. The padded LSTM's outputs are gathered back to (T, B), so padding never reaches a loss term."""
-    features, h, c = agent.features(minibatch.obs), minibatch.initial_h, minibatch.initial_c
+    features = agent.features(minibatch.obs)
+    h = minibatch.initial_h
+    c = minibatch.initial_c
     if args.lstm_impl == "loop":
         hidden, _ = lstm_loop(agent.lstm, features, h, c, minibatch.starts)
     else:
@@ -239,7 +241,9 @@ def ppo_loss(minibatch, *, agent, args):
             agent.lstm, features, h, c, minibatch.frame_index, minibatch.state_index, minibatch.output_index
         )
     _, new_logprob, entropy, new_value = agent.heads(hidden, minibatch.actions)
-    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    advantages = minibatch.advantages
+    returns = minibatch.returns
+    values = minibatch.values
     kept = 1.0 - minibatch.dones  # 0 at the reset steps
     weights = kept / kept.sum()  # means over the kept steps are (x * weights).sum()
     logratio = new_logprob - minibatch.logprobs
@@ -311,7 +315,8 @@ def evaluate(agent, args, device, video_folder=None):
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
     no_start = torch.zeros(envs.num_envs, device=device)  # each env's first game counts: its state is never reset
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -382,17 +387,25 @@ if __name__ == "__main__":
     update_steps = defaultdict(lambda: graphed(update_step) if run.cudagraphs else update_step)
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
-    T, E = args.num_steps, args.num_envs
+    T = args.num_steps
+    E = args.num_envs
     obs = torch.zeros((T, E, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, E), dtype=torch.long, device=device)
     logprobs, rewards, dones, starts, values = (torch.zeros((T, E), device=device) for _ in range(5))
     starts_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
-    episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
-    metrics, num_updates, padded_steps, real_steps, global_step = {}, 0, 0, 0, 0
+    episode_returns = np.zeros(E)
+    episode_lengths = np.zeros(E, dtype=np.int64)
+    metrics = {}
+    num_updates = 0
+    padded_steps = 0
+    real_steps = 0
+    global_step = 0
     next_obs_np, _ = envs.reset()
     next_obs = to_device(next_obs_np, device)
-    next_done_np, next_start_np = np.zeros(E, dtype=np.float32), np.zeros(E, dtype=np.float32)
-    next_done, next_start = torch.zeros(E, device=device), torch.zeros(E, device=device)
+    next_done_np = np.zeros(E, dtype=np.float32)
+    next_start_np = np.zeros(E, dtype=np.float32)
+    next_done = torch.zeros(E, device=device)
+    next_start = torch.zeros(E, device=device)
     # two tensors: one for both would make the compiled policy guard on that aliasing, and compile again a step later
     h, c = (torch.zeros(1, E, agent.lstm.hidden_size, device=device) for _ in range(2))
     run.start()
@@ -403,28 +416,35 @@ if __name__ == "__main__":
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
             learning_rate.fill_(lr_now)
 
-            initial_h, initial_c = h.clone(), c.clone()  # the update replays the rollout from these states
+            initial_h = h.clone()
+            initial_c = c.clone()  # the update replays the rollout from these states
             for step in range(T):
                 stop_if_signalled()
-                obs[step], dones[step], starts[step], starts_host[step] = next_obs, next_done, next_start, next_start_np
+                obs[step] = next_obs
+                dones[step] = next_done
+                starts[step] = next_start
+                starts_host[step] = next_start_np
                 actions[step], logprobs[step], values[step], h, c = policy_step(next_obs, h, c, next_start)
                 next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += E
                 # the step from an episode's last frame is envpool's reset step: zero the state at the frame after it
-                next_start, next_start_np = next_done, next_done_np
+                next_start = next_done
+                next_start_np = next_done_np
                 next_done_np = (terminations | truncations).astype(np.float32)
                 step_data = np.stack([reward.astype(np.float32), next_done_np])
                 step_data = torch.from_numpy(step_data).to(device, non_blocking=True)
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
-                rewards[step], next_done = step_data[0], step_data[1]
+                rewards[step] = step_data[0]
+                next_done = step_data[1]
                 # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
                     run.record_episode(global_step, episode_returns[env_id], episode_lengths[env_id])
-                    episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+                    episode_returns[env_id] = 0.0
+                    episode_lengths[env_id] = 0
 
             next_value = policy_step(next_obs, h, c, next_start)[2]
             advantages, returns = gae_step(rewards, values, dones, next_value, next_done)

@@ -194,7 +194,9 @@ def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
     advantages are normalised with the mean and standard deviation of the whole minibatch, every process's share,
     so the mean of the processes' gradients is the gradient one process would get from all the shares."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
-    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    advantages = minibatch.advantages
+    returns = minibatch.returns
+    values = minibatch.values
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
@@ -317,7 +319,8 @@ def evaluate(agent, args, device, video_folder=None):
     torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -336,7 +339,8 @@ def evaluate(agent, args, device, video_folder=None):
 if __name__ == "__main__":
     # torchrun sets these; without it this is the only process. Bad input stops every process before any work, and
     # only the first says why (an unknown flag too).
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     with redirect_stderr(sys.stderr if rank == 0 else io.StringIO()):
         args = tyro.cli(Args)
@@ -406,12 +410,16 @@ if __name__ == "__main__":
         policy_step, gae_step, loss_step, apply_step = map(graphed, (policy_step, gae_step, loss_step, apply_step))
     epoch = partial(update_epoch, loss_step=loss_step, apply_step=apply_step, flat_grads=flat_grads, args=args)
 
-    T, E = args.num_steps, args.local_num_envs
+    T = args.num_steps
+    E = args.local_num_envs
     obs = torch.zeros((T, E, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, E), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((T, E), device=device) for _ in range(4))
-    episode_returns, episode_lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
-    metrics, num_updates, global_step = {}, 0, 0
+    episode_returns = np.zeros(E)
+    episode_lengths = np.zeros(E, dtype=np.int64)
+    metrics = {}
+    num_updates = 0
+    global_step = 0
     num_iterations = args.total_timesteps // batch_size
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
@@ -425,7 +433,8 @@ if __name__ == "__main__":
 
             for step in range(T):
                 stop_together(stop_group)
-                obs[step], dones[step] = next_obs, next_done
+                obs[step] = next_obs
+                dones[step] = next_done
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)
                 step_result = run.timed_env_call(envs.step, actions[step].cpu().numpy())
                 next_obs_np, reward, terminations, truncations, infos = step_result
@@ -433,7 +442,8 @@ if __name__ == "__main__":
                 step_data = np.stack([reward, terminations | truncations]).astype(np.float32)
                 step_data = torch.from_numpy(step_data).to(device, non_blocking=True)
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
-                rewards[step], next_done = step_data[0], step_data[1]
+                rewards[step] = step_data[0]
+                next_done = step_data[1]
                 # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
@@ -441,7 +451,8 @@ if __name__ == "__main__":
                     run.record_episode(
                         global_step, episode_returns[env_id], episode_lengths[env_id]
                     )  # the first's envs
-                    episode_returns[env_id], episode_lengths[env_id] = 0.0, 0
+                    episode_returns[env_id] = 0.0
+                    episode_lengths[env_id] = 0
 
             # As CleanRL's: the bootstrap observation is the next rollout's first, which the updated policy acts on.
             next_value = policy_step(next_obs)[2]

@@ -231,7 +231,9 @@ class Batch(NamedTuple):
 def ppo_loss(minibatch, *, agent, args):
     """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
-    advantages, returns, values = minibatch.advantages, minibatch.returns, minibatch.values
+    advantages = minibatch.advantages
+    returns = minibatch.returns
+    values = minibatch.values
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
@@ -276,9 +278,11 @@ def evaluate(agent, obs_stats, args, device, video_folder):
     envs = make_envs(args.env_id, args.eval_episodes, args.gamma, training=False, video_folder=video_folder)
     for normalizer in obs_normalizers(envs):
         normalizer.update_running_mean = False
-        normalizer.obs_rms.mean, normalizer.obs_rms.var = obs_stats.mean.copy(), obs_stats.var.copy()
+        normalizer.obs_rms.mean = obs_stats.mean.copy()
+        normalizer.obs_rms.var = obs_stats.var.copy()
     obs, _ = envs.reset(seed=args.seed + 10_000)
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -346,7 +350,9 @@ if __name__ == "__main__":
     obs = torch.zeros(args.num_steps, args.num_envs, obs_dim, device=device)
     actions = torch.zeros(args.num_steps, args.num_envs, act_dim, device=device)
     logprobs, rewards, dones, values = (torch.zeros(args.num_steps, args.num_envs, device=device) for _ in range(4))
-    metrics, num_updates, global_step = {}, 0, 0
+    metrics = {}
+    num_updates = 0
+    global_step = 0
     for normalizer in normalizers:  # a checkpoint's statistics are not moved by the reset observation
         normalizer.update_running_mean = not loaded
     next_obs_np, _ = envs.reset(seed=args.seed)
@@ -364,7 +370,8 @@ if __name__ == "__main__":
 
             for step in range(args.num_steps):
                 stop_if_signalled()
-                obs[step], dones[step] = next_obs, next_done
+                obs[step] = next_obs
+                dones[step] = next_done
                 # obs[step], not next_obs: a slice of the step's data whose strides differ from the first reset's
                 actions[step], logprobs[step], values[step] = policy_step(obs[step])
                 next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(

@@ -57,7 +57,8 @@ class Args(RunArgs):
 
 
 LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
 
 
 def make_env(env_id, video_folder=None):
@@ -118,7 +119,8 @@ class Actor(nn.Module):
         self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
         self.mean = nn.Linear(256, act_dim)
         self.log_std = nn.Linear(256, act_dim)
-        high, low = torch.tensor(action_space.high), torch.tensor(action_space.low)
+        high = torch.tensor(action_space.high)
+        low = torch.tensor(action_space.low)
         self.register_buffer("action_scale", ((high - low) / 2).float())
         self.register_buffer("action_bias", ((high + low) / 2).float())
 
@@ -164,7 +166,9 @@ class ReplayBuffer:
         self.columns = [obs_dim, act_dim, 1, obs_dim, 1]
         self.rows = torch.zeros(size, sum(self.columns), device=device)
         self.env_offsets = torch.arange(num_envs, device=device)
-        self.size, self.pos, self.count = size, 0, 0
+        self.size = size
+        self.pos = 0
+        self.count = 0
 
     def add(self, obs, actions, rewards, next_obs, terminations):
         step = np.concatenate([obs, actions, rewards[:, None], next_obs, terminations[:, None]], 1)
@@ -192,7 +196,8 @@ def critic_loss(obs, actions, rewards, next_obs, terminations, *, actor, qnet, t
         q_target = rewards + gamma * (1 - terminations) * next_q  # a terminal step does not bootstrap
     q_values = qnet(obs, actions)
     q_losses = (q_values - q_target).pow(2).mean(1)
-    losses, q_means = q_losses.detach(), q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
+    losses = q_losses.detach()
+    q_means = q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
     metrics = {"qf_loss": losses.mean(), "qf1_loss": losses[0], "qf2_loss": losses[1]}
     return q_losses.sum(), {**metrics, "qf1_values": q_means[0], "qf2_values": q_means[1]}
 
@@ -235,7 +240,8 @@ def evaluate(actor, args, device, video_folder):
     """Undiscounted return of the first episode in each of --eval-episodes envs, with the deterministic action."""
     envs = make_envs(args.env_id, args.eval_episodes, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -273,7 +279,8 @@ if __name__ == "__main__":
     target_qnet.load_state_dict(qnet.state_dict())
     # autotuned, alpha starts at 1.0, as in CleanRL's, LeanRL's and SB3's SAC
     log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
-    target_params, online_params = from_module(target_qnet), from_module(qnet).data
+    target_params = from_module(target_qnet)
+    online_params = from_module(qnet).data
     actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
     qnet_view = detached_view(qnet, QEnsemble(obs_dim, act_dim).to("meta"))
     # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
@@ -306,7 +313,9 @@ if __name__ == "__main__":
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
-    num_updates, metrics, global_step = 0, {}, 0
+    num_updates = 0
+    metrics = {}
+    global_step = 0
     num_iterations = args.total_timesteps // args.num_envs
     obs, _ = envs.reset(seed=args.seed)
     run.start()

@@ -116,7 +116,8 @@ class Actor(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, act_dim)
         )
-        high, low = torch.tensor(action_space.high), torch.tensor(action_space.low)
+        high = torch.tensor(action_space.high)
+        low = torch.tensor(action_space.low)
         self.register_buffer("action_scale", ((high - low) / 2).float())
         self.register_buffer("action_bias", ((high + low) / 2).float())
 
@@ -156,7 +157,9 @@ class ReplayBuffer:
         self.columns = [obs_dim, act_dim, 1, obs_dim, 1]
         self.rows = torch.zeros(size, sum(self.columns), device=device)
         self.env_offsets = torch.arange(num_envs, device=device)
-        self.size, self.pos, self.count = size, 0, 0
+        self.size = size
+        self.pos = 0
+        self.count = 0
 
     def add(self, obs, actions, rewards, next_obs, terminations):
         step = np.concatenate([obs, actions, rewards[:, None], next_obs, terminations[:, None]], 1)
@@ -185,7 +188,8 @@ def critic_loss(obs, actions, rewards, next_obs, terminations, *, target_actor, 
         q_target = rewards + args.gamma * (1 - terminations) * next_q  # a terminal step does not bootstrap
     q_values = qnet(obs, actions)
     q_losses = (q_values - q_target).pow(2).mean(1)
-    losses, q_means = q_losses.detach(), q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
+    losses = q_losses.detach()
+    q_means = q_values.detach().mean(1)  # CleanRL's tags: qf_loss is the critics' mean
     metrics = {"qf_loss": losses.mean(), "qf1_loss": losses[0], "qf2_loss": losses[1]}
     return q_losses.sum(), {**metrics, "qf1_values": q_means[0], "qf2_values": q_means[1]}
 
@@ -217,7 +221,8 @@ def evaluate(actor, args, device, video_folder):
     """Undiscounted return of the first episode in each of --eval-episodes envs, with the deterministic action."""
     envs = make_envs(args.env_id, args.eval_episodes, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
-    returns, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
@@ -288,7 +293,9 @@ if __name__ == "__main__":
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
-    num_updates, metrics, global_step = 0, {}, 0
+    num_updates = 0
+    metrics = {}
+    global_step = 0
     num_iterations = args.total_timesteps // args.num_envs
     obs, _ = envs.reset(seed=args.seed)
     run.start()

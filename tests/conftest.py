@@ -69,6 +69,7 @@ COMPILED = {
     "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_envpool.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_envpool_async.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_multigpu.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_lstm.py": (["gae", "policy", "ppo_loss"], 4, 1),
     "impala_ray.py": (["impala_loss"], 1, 0),

@@ -163,7 +163,7 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     for name, env_id in names.items():
         run = json.loads((tmp_path / f"{name}__eager.json").read_text())
         assert run["mode"] == "eager" and run["env_id"] == env_id and run["sps"] > 0
-        assert run.get("envpool_async", False) == (name == "ppo_atari_async")
+        assert (run["script"] == "ppo_atari_envpool_async.py") == (name == "ppo_atari_async")
         assert run.get("async_actor", False) == (name in ("dqn_async", "dqn_atari_async"))
         assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
         assert run.get("lstm", False) == (name == "impala_lstm")

@@ -21,8 +21,9 @@ import torch
 import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
 from conftest import ALL_SCRIPTS, SCRIPTS, run_script
 
-CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "dqn_atari.py", "dqn_atari_async.py", "impala_ray.py"]
-FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_lstm.py", "impala_ray.py"]
+CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "dqn_atari.py"]
+CNN_SCRIPTS += ["dqn_atari_async.py", "impala_ray.py"]
+FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "impala_ray.py"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
 
 
@@ -53,6 +54,7 @@ THREADS_ASKED = [
     ("ppo_continuous_action.py", {}, 1),
     ("dqn.py", {}, 1),
     ("ppo_atari_envpool.py", {}, 16),
+    ("ppo_atari_envpool_async.py", {}, 16),
     ("ppo_atari_lstm.py", {}, 16),
     ("dqn_atari.py", {}, 16),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=True)}, 15),

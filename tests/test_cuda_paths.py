@@ -36,6 +36,7 @@ RUNS = {
         {"agent_view": "agent"},
     ),
     "ppo_atari_envpool.py": (ATARI, {"agent_view": "agent"}),
+    "ppo_atari_envpool_async.py": (ATARI, {"agent_view": "agent"}),
     "ppo_atari_lstm.py": (ATARI, {"agent_view": "agent"}),
     "ppo_atari_lstm.py --lstm-impl loop": ([*ATARI, "--lstm-impl", "loop"], {"agent_view": "agent"}),
     "ppo_atari_multigpu.py": (

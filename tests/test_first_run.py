@@ -11,6 +11,7 @@ from conftest import ALL_SCRIPTS, ROOT, run_script
 # script -> (a run that needs the extra, the modules hidden, the install line it must name)
 NEEDS_EXTRA = {
     "ppo_atari_envpool.py": ([], ["envpool"], 'pip install ".[envpool]"'),
+    "ppo_atari_envpool_async.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "ppo_atari_lstm.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "dqn_atari.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "dqn_atari_async.py": ([], ["envpool"], 'pip install ".[envpool]"'),
@@ -75,6 +76,7 @@ DQN_TINY = ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size",
     "script, args",
     [
         ("ppo_atari_envpool.py", PPO_TINY),
+        ("ppo_atari_envpool_async.py", PPO_TINY),
         ("ppo_atari_lstm.py", PPO_TINY),
         ("dqn_atari.py", DQN_TINY),
         ("dqn_atari.py", [*DQN_TINY, "--env-backend", "gymnasium"]),

@@ -48,6 +48,14 @@ CASES = {
         lr="--learning-rate",
         other="ppo_atari_lstm.py",
     ),
+    # a checkpoint of ppo_atari_envpool.py is this script's too (the same network): PPO-LSTM's is another's
+    "ppo_atari_envpool_async.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_lstm.py",
+    ),
     "ppo_atari_lstm.py": dict(
         base=BREAKOUT,
         tiny=["--total-timesteps", 256, "--measure-burnin", 0],

@@ -37,6 +37,7 @@ CASES = {
         {"policy", "gae", "ppo_loss", "update"},
     ),
     "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "ppo_atari_envpool_async.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
     "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
     "dqn.py": (
         ["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000],

@@ -1,6 +1,7 @@
 """PPO on Atari (envpool): GAE, the policy and the update against plain references, the rollouts the updates get
-against what the envs played, the update compiled against eager, the script as a user runs it (sync and async
-envpool), and learning measured against a random policy."""
+against what the envs played, the update compiled against eager, the scripts as a user runs them (ppo_atari_envpool.py
+on envpool's sync mode, ppo_atari_envpool_async.py on its async mode), and learning measured against a random
+policy."""
 
 import glob
 import json
@@ -33,6 +34,8 @@ from conftest import (
 envpool = pytest.importorskip("envpool")
 
 SCRIPT = "ppo_atari_envpool.py"
+ASYNC_SCRIPT = "ppo_atari_envpool_async.py"  # the same pieces, its own storage and loop
+BOTH = pytest.mark.parametrize("script", [SCRIPT, ASYNC_SCRIPT], ids=["sync", "async"])
 # 2 iterations of 4 envs x 32 steps on Breakout, 2 epochs of 2 minibatches each.
 TINY = [
     "--total-timesteps",
@@ -53,13 +56,13 @@ MODES = {
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
-    "envpool-async": ["--envpool-async"],
 }
 
 
+@BOTH
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_gae_equals_the_reverse_loop(compiled):
-    assert_gae_equals_the_reverse_loop(SCRIPT, 128, 8, compiled, seed=0, rewards_sign=True)
+def test_gae_equals_the_reverse_loop(script, compiled):
+    assert_gae_equals_the_reverse_loop(script, 128, 8, compiled, seed=0, rewards_sign=True)
 
 
 def test_policy_matches_torch_distributions():
@@ -89,9 +92,10 @@ class AtariEnvSpec:  # the spec class the script checks for by name
 
 
 class TranscribedAtari:
-    """envpool's Atari interface (async_reset, recv, send by env id) over a made-up game whose observations say which
-    env and which of its steps they are. recv hands back `batch_size` of the due envs in a random order, as envpool's
-    async mode returns whichever finish first; every action sent and every step's reward and ends are kept."""
+    """envpool's Atari interface (reset and step; async_reset, recv, send by env id) over a made-up game whose
+    observations say which env and which of its steps they are. recv hands back `batch_size` of the due envs in a
+    random order, as envpool's async mode returns whichever finish first (its sync mode: every env, by env id); every
+    action sent and every step's reward and ends are kept."""
 
     observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     action_space = gym.spaces.Discrete(4)
@@ -113,6 +117,8 @@ class TranscribedAtari:
 
     def recv(self):
         env_ids = self.rng.permutation(self.due)[: self.batch_size]
+        if self.batch_size == self.num_envs:
+            env_ids.sort()
         self.due = [env for env in self.due if env not in env_ids]
         first = self.next_k[env_ids] == 0  # the reset observation: no step led into it
         reward = np.where(first, 0, self.rng.integers(-1, 2, len(env_ids))).astype(np.float32)
@@ -138,6 +144,15 @@ class TranscribedAtari:
             self.sent[env, self.next_k[env] - 1] = int(action)
         self.due += list(env_ids)
 
+    def reset(self):
+        self.async_reset()
+        obs, *_, infos = self.recv()
+        return obs, infos
+
+    def step(self, actions):
+        self.send(actions, np.arange(self.num_envs))
+        return self.recv()
+
     def close(self):
         pass
 
@@ -148,16 +163,16 @@ def decode(obs):
     return list(zip(corner[:, 0].tolist(), (corner[:, 1] * 256 + corner[:, 2]).tolist()))
 
 
-@pytest.mark.parametrize("mode", [[], ["--envpool-async"]], ids=["sync", "async"])
-def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch):
+@BOTH
+def test_each_update_gets_the_rollout_the_envs_played(script, workdir, monkeypatch):
     """The script run on a made-up game that keeps what it was sent: each update's rows hold, for every env and step,
     the observation, the action the env received after it, the log-probability and value the policy gave with that
     action, and the advantages and returns of CleanRL's reverse loop over the rewards and episode ends the env
     returned; the training returns are the games' unclipped scores."""
     made = []
 
-    def make(env_id, num_envs, batch_size, seed, **_):
-        made.append(TranscribedAtari(num_envs, batch_size, seed))
+    def make(env_id, num_envs, seed, batch_size=None, **_):
+        made.append(TranscribedAtari(num_envs, batch_size or num_envs, seed))
         return made[-1]
 
     fake = type(sys)("envpool")
@@ -168,7 +183,7 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
         sys,
         "argv",
         [
-            "ppo_atari_envpool.py",
+            script,
             "--total-timesteps",
             str(T * num_envs * iterations),
             "--num-envs",
@@ -181,11 +196,10 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
             "1",
             "--eval-episodes",
             "0",
-            *mode,
         ],
     )
     monkeypatch.chdir(workdir)
-    path = os.path.join(SCRIPTS, SCRIPT)
+    path = os.path.join(SCRIPTS, script)
     acted, updates, fresh_logprobs = {}, [], []  # acted: observation -> what the policy gave, each time it was called
 
     def watch(frame, event, result):  # the script's own policy and update calls, seen from outside
@@ -219,10 +233,10 @@ def test_each_update_gets_the_rollout_the_envs_played(mode, workdir, monkeypatch
     for key, action in envs.sent.items():
         assert acted[key][-1][0] == action, f"observation {key}: the env got another action than the policy chose"
     # sync: the bootstrap observation gets its value before the update and its action after it, as in CleanRL's
-    bootstraps = {(env, i * T) for env in range(num_envs) for i in range(1, iterations)} if not mode else set()
+    bootstraps = {(env, i * T) for env in range(num_envs) for i in range(1, iterations)} if script == SCRIPT else set()
     assert {key for key, calls in acted.items() if len(calls) > 1} == bootstraps
     for i, ((obs, actions, logprobs, advantages, returns, values), latest) in enumerate(updates):
-        if not mode:  # on-policy: every row was acted on by the weights the update starts from
+        if script == SCRIPT:  # on-policy: every row was acted on by the weights the update starts from
             torch.testing.assert_close(logprobs, fresh_logprobs[i], atol=1e-5, rtol=1e-5)
         rows = decode(obs)
         assert sorted(rows) == sorted((env, i * T + t) for env in range(num_envs) for t in range(T))
@@ -263,10 +277,11 @@ def plain_ppo_step(agent, optimizer, minibatch, clip_coef=0.1, ent_coef=0.01, vf
     return {"policy_loss": pg_loss, "value_loss": v_loss}
 
 
-def test_update_steps_like_a_plain_ppo_step():
+@BOTH
+def test_update_steps_like_a_plain_ppo_step(script):
     """Six minibatch steps of the script's update (fused Adam on a learning-rate tensor annealed in place) and of the
     plain step from the same weights: the same losses and, after each step, the same weights."""
-    module = load_script(SCRIPT)
+    module = load_script(script)
     torch.manual_seed(0)
     agent, plain_agent = module.Agent(4), module.Agent(4)
     plain_agent.load_state_dict(agent.state_dict())
@@ -325,15 +340,16 @@ def test_sped_up_update_equals_eager(flags):
     assert not torch.equal(eager_agent.state_dict()["critic.bias"], torch.zeros(1))  # it did learn
 
 
+@BOTH
 @pytest.mark.parametrize("mode", MODES)
-def test_every_mode_writes_a_valid_summary(mode, workdir):
-    summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
-    assert SUMMARY_KEYS <= summary.keys()
-    assert summary["compile"] == ("compile" in mode) and summary["envpool_async"] == (mode == "envpool-async")
+def test_every_mode_writes_a_valid_summary(script, mode, workdir):
+    summary, proc = run_script(script, TINY + MODES[mode], workdir)
+    assert SUMMARY_KEYS <= summary.keys() and summary["script"] == script
+    assert summary["compile"] == ("compile" in mode)
     assert_compiled_as_designed(summary)
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["num_updates"] == 2 * 2 * 2
-    if mode != "envpool-async":  # async envs run ahead of each other by a step or two
+    if script == SCRIPT:  # async envs run ahead of each other by a step or two
         assert summary["steady_steps"] == 128  # the first iteration is warm-up
     assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
     assert len(summary["eval_returns"]) == 2 and all(r >= 0 and r == int(r) for r in summary["eval_returns"])
@@ -345,15 +361,16 @@ def test_same_seed_gives_identical_runs(workdir):
     assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
 
 
-def test_checkpoint_evaluates_to_the_reported_score(workdir):
-    trained, _ = run_script(SCRIPT, TINY + ["--save-model"], workdir)
+@BOTH
+def test_checkpoint_evaluates_to_the_reported_score(script, workdir):
+    trained, _ = run_script(script, TINY + ["--save-model"], workdir)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
-        SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir
+        script, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir
     )
     assert evaluated["eval_returns"] == trained["eval_returns"]
     _, proc = run_script(
-        SCRIPT,
+        script,
         ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
         workdir,
         check=False,
@@ -364,16 +381,18 @@ def test_checkpoint_evaluates_to_the_reported_score(workdir):
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "script, args, message",
     [
-        (["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
-        (["--env-id", "HalfCheetah-v5"], "not an Atari game"),  # envpool has it, as a MuJoCo task
-        (["--envpool-async", "--num-envs", 3], "must be even"),
-        (["--num-minibatches", 3], "must divide num_envs x num_steps"),
+        (SCRIPT, ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+        (SCRIPT, ["--env-id", "HalfCheetah-v5"], "not an Atari game"),  # envpool has it, as a MuJoCo task
+        (SCRIPT, ["--num-minibatches", 3], "must divide num_envs x num_steps"),
+        (ASYNC_SCRIPT, ["--num-envs", 3], "--num-envs 3 must be even"),
+        (ASYNC_SCRIPT, ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
+        (ASYNC_SCRIPT, ["--num-minibatches", 3], "must divide num_envs x num_steps"),
     ],
 )
-def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
-    _, proc = run_script(SCRIPT, TINY + args, workdir, check=False, timeout=120)
+def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, workdir):
+    _, proc = run_script(script, TINY + args, workdir, check=False, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
         proc.stderr
@@ -396,9 +415,9 @@ def random_policy_scores(script, env_id, games, seed):
 @pytest.mark.learning
 def test_learns_breakout_well_above_a_random_policy(workdir):
     """About 3 minutes on a 2-core CPU: 98,304 steps with CleanRL's settings except 8 minibatches and a doubled
-    learning rate (twice the gradient steps on the same samples). Seeds 1-3 evaluated 5-6 (20 games). The
-    `--envpool-async` mode runs the same update on differently ordered steps: it is checked by the mode test,
-    not by a second 3-minute learning run (CI's time budget)."""
+    learning rate (twice the gradient steps on the same samples). Seeds 1-3 evaluated 5-6 (20 games). The async
+    script runs the same update on differently ordered steps: it is checked by the mode and rollout tests, not by a
+    second 3-minute learning run (CI's time budget)."""
     args = [
         "--total-timesteps",
         98_304,

@@ -1,6 +1,7 @@
 """Every scalar that CleanRL's script of the same name writes to TensorBoard, each script writes under the same tag, so
 that a user's dashboards carry over. The lists are CleanRL's (fe8d8a0), read off its scripts' add_scalar calls;
-dqn_atari_async.py is held to CleanRL's dqn_atari.py. IMPALA has no CleanRL counterpart."""
+dqn_atari_async.py is held to CleanRL's dqn_atari.py, ppo_atari_envpool_async.py to its ppo_atari_envpool.py.
+IMPALA has no CleanRL counterpart."""
 
 import glob
 import os
@@ -23,6 +24,7 @@ CLEANRL_TAGS = {
     "dqn_atari.py": DQN,
     "dqn_atari_async.py": DQN,
     "ppo_atari_envpool.py": PPO | {"charts/avg_episodic_return"},
+    "ppo_atari_envpool_async.py": PPO | {"charts/avg_episodic_return"},
     "ppo_atari_lstm.py": PPO,
     "ppo_atari_multigpu.py": PPO,
 }
@@ -48,6 +50,7 @@ RUNS = {
     "dqn_atari.py": [*ATARI_DQN, "--eval-episodes", 1],
     "dqn_atari_async.py": [*ATARI_DQN, "--eval-episodes", 1],
     "ppo_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
+    "ppo_atari_envpool_async.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_lstm.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_multigpu.py": [*ATARI_PPO, "--local-num-envs", 8],
 }

@@ -21,6 +21,7 @@ RECORDED = {
     "dqn_atari.py": (["--env-backend", "gymnasium"], ATARI_SCREEN),
     "dqn_atari_async.py": ([], CARTPOLE_SCREEN),
     "ppo_atari_envpool.py": ([], ATARI_SCREEN),
+    "ppo_atari_envpool_async.py": ([], ATARI_SCREEN),
     "ppo_atari_lstm.py": ([], ATARI_SCREEN),
     "impala_ray.py": ([], CARTPOLE_SCREEN),
 }
