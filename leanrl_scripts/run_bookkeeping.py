@@ -254,6 +254,7 @@ class Run:
         self.steady_time = None  # when the speed measure started
         self.last_step = 0  # the last step logged: what a run stopped at once reports as done
         self.final_metrics = {}
+        self.steps_done = None  # end_training's step
         self.written = False  # summary.json: written once, by the run or by a stop at once
         self.writing = threading.Lock()
         self.graphs_at_start = _graph_counts()  # what this run compiles, not what the process did before it
@@ -356,7 +357,8 @@ class Run:
         self.stopped = Stopped(f"stopped by {signal.Signals(signum).name}{where}", 128 + signum)
         with self.writing:
             if self.write and not self.written:
-                self._stop_clock(self.last_step)
+                if self.steps_done is None:  # a stop during the evaluation keeps the training's clock
+                    self._stop_clock(self.last_step)
                 self.writer.flush()
                 self._write_summary(self._summary())
             print(f"{self.stopped}: the steps done are in {self.dir}", file=sys.stderr, flush=True)

@@ -36,7 +36,7 @@ MAX_TOKENS = {
     "dqn_atari.py": 3120,
     "dqn_atari_async.py": 5210,
     "impala_ray.py": 6771,
-    MODULE: 3766,
+    MODULE: 3778,
 }
 # What a script may take from the module; the rest of it is private (a leading underscore).
 PUBLIC = {
