@@ -11,7 +11,7 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
             next_obs, ... = run.timed_env_call(envs.step, actions)
             run.start_speed_measure(step)  # the first call starts the speed figure: warm-up left out
             run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
-            run.log(step, losses=metrics, charts={"learning_rate": lr})
+            run.log(step, metrics, charts=dict(learning_rate=lr))  # losses/ and charts/ in TensorBoard
     run.end_training(step, metrics)
     run.evaluate_and_write(evaluate, summary)  # summary.json, model.pt, the SPEED line; a stopped run's exit code
 
