@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Reproduce every speed table: each benchmarks/<algo>.sh in every mode, then the collector; or, with --learning,
+# Reproduce every speed table: each benchmarks/<group>.sh in every mode, then the collector; or, with --learning,
 # the learning curves over seeds (benchmarks/learning.py); or, with --compare, ours beside LeanRL's and CleanRL's
-# scripts (benchmarks/compare.py).
+# scripts (benchmarks/compare.py). Every one of them reads its settings from benchmarks/settings.toml.
 set -euo pipefail
 usage() {
     cat <<'TEXT'
@@ -10,7 +10,8 @@ usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--re
        ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--jax-python PY] [--rounds N]
                [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
-Runs every script in every speed mode (benchmarks/<algo>.sh), then writes the tables and the chart; with
+       any of them with --dry-run: print the commands it would run, run nothing
+Runs every script in every speed mode (benchmarks/<group>.sh), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
   (no option)        full budgets: hours on a CPU
@@ -38,13 +39,14 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --only LIST        with --compare: only these rows, from sac,td3,ppo_continuous,dqn,ppo_atari,dqn_atari
   --headline         with --compare: only each side's headline runs (ours at its default threads, each
                      reference in its fastest mode)
+  --dry-run          print the commands the call would run (their settings: benchmarks/settings.toml)
   -h, --help         this text
   MODES="eager compile" ./run.sh ...   only those modes (default: all four)
 TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
 export BENCH_PROFILE=full
-learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=()
+learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=() dry_run=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -52,6 +54,7 @@ while [ $# -gt 0 ]; do
         --smoke) BENCH_PROFILE=smoke ;;
         --results) [ $# -ge 2 ] || refuse "--results needs a folder"; export RESULTS_DIR=$(realpath -m -- "$2"); shift ;;
         --learning) learning=1 ;;
+        --dry-run) dry_run=(--dry-run) ;;
         --compare) compare=1 ;;
         --rounds|--budget-minutes|--run-timeout)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
@@ -78,18 +81,20 @@ fi
 if [ ${#compare_args[@]} -gt 0 ] && [ "$compare" = 0 ]; then refuse "${compare_args[0]} is an option of --compare"; fi
 if [ ${#learning_args[@]} -gt 0 ] && [ "$learning" = 0 ]; then refuse "${learning_args[0]} is an option of --learning"; fi
 cd "$(dirname "$0")"
-if [ "$BENCH_PROFILE" = smoke ] && [ -z "${RESULTS_DIR:-}" ]; then export RESULTS_DIR=$(mktemp -d); fi
-source benchmarks/lib.sh  # picks the machine's results folder unless one was given
-export RESULTS_DIR PYTHON
+if [ "$BENCH_PROFILE" = smoke ] && [ -z "${RESULTS_DIR:-}" ] && [ ${#dry_run[@]} = 0 ]; then
+    export RESULTS_DIR=$(mktemp -d)
+fi
+export PYTHON=${PYTHON:-python}
 if [ "$compare" = 1 ]; then
-    exec "$PYTHON" benchmarks/compare.py --profile "$BENCH_PROFILE" --results "$RESULTS_DIR/compare" \
-        ${references[@]+"${references[@]}"} ${compare_args[@]+"${compare_args[@]}"}
+    exec "$PYTHON" benchmarks/compare.py --profile "$BENCH_PROFILE" ${RESULTS_DIR:+--results "$RESULTS_DIR/compare"} \
+        ${references[@]+"${references[@]}"} ${compare_args[@]+"${compare_args[@]}"} ${dry_run[@]+"${dry_run[@]}"}
 fi
 if [ "$learning" = 1 ]; then
-    exec "$PYTHON" benchmarks/learning.py --profile "$BENCH_PROFILE" --seeds "$seeds" --results "$RESULTS_DIR/learning" \
-        ${references[@]+"${references[@]}"} ${learning_args[@]+"${learning_args[@]}"}
+    exec "$PYTHON" benchmarks/learning.py --profile "$BENCH_PROFILE" --seeds "$seeds" \
+        ${RESULTS_DIR:+--results "$RESULTS_DIR/learning"} ${references[@]+"${references[@]}"} \
+        ${learning_args[@]+"${learning_args[@]}"} ${dry_run[@]+"${dry_run[@]}"}
 fi
-for bench in benchmarks/*.sh; do
-    if [ "$(basename "$bench")" != lib.sh ]; then bash "$bench"; fi
+for group in benchmarks/*.sh; do
+    bash "$group" ${dry_run[@]+"${dry_run[@]}"}
 done
-"$PYTHON" benchmarks/collect.py "$RESULTS_DIR"
+if [ ${#dry_run[@]} = 0 ]; then "$PYTHON" benchmarks/collect.py ${RESULTS_DIR:+"$RESULTS_DIR"}; fi

@@ -1,8 +1,8 @@
 """Turn a folder of run summaries into speed tables (markdown) and a bar chart (PNG).
 
-    python benchmarks/collect.py benchmarks/results/<machine-tag>
+    python benchmarks/collect.py [FOLDER]    (default: benchmarks/results/<machine-tag>)
     python benchmarks/collect.py --readme     (the README's comparison tables, from the results files)
-reads NAME__MODE.json (the SPEED summaries that benchmarks/<algo>.sh saved), NAME__env_only.json, and
+reads NAME__MODE.json (the summaries that benchmarks/speed.py saved), NAME__env_only.json, and
 reference.json when there is one ({NAME: {"LeanRL --compile": SPS, ...}}: the reference scripts measured on the
 same kind of machine, with where each figure was measured), writes speed.md and speed.png into that folder, and
 prints the markdown.
@@ -21,7 +21,11 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import compare
+import learning_tables
+import runner
+
+ROOT = runner.ROOT
 LEARNING_BLOCK = re.compile(r"(<!-- learning:([\w.-]+) -->\n)(.*?)(<!-- /learning:\2 -->)", re.S)
 README_BLOCK = re.compile(r"(<!-- compare:([\w.-]+(?:/[\w.-]+)?) -->\n)(.*?)(<!-- /compare:\2 -->)", re.S)
 
@@ -122,11 +126,8 @@ def reference_line(references):
 def chart(results, references, path):
     """One panel per benchmark, three to a row so that the grid reads at about 900 pixels wide: our modes, then
     the reference scripts measured on the same kind of machine, hatched, then ours measured alongside, light grey."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if not (plt := runner.pyplot()):
+        return
     columns = min(3, len(results))
     rows = math.ceil(len(results) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(7.5, 2.4 * rows), squeeze=False)
@@ -207,44 +208,35 @@ def main(folder):
     profile = os.environ.get("BENCH_PROFILE")  # set by run.sh: say which command made these numbers
     if profile:
         command = "./run.sh" if profile == "full" else f"./run.sh --{profile}"
-        markdown = f"Made by `{command}` (budgets in benchmarks/<algo>.sh).\n\n" + markdown
+        markdown = f"Made by `{command}` (budgets in benchmarks/settings.toml).\n\n" + markdown
     with open(os.path.join(folder, "speed.md"), "w") as f:
         f.write(markdown)
-    try:
-        chart(results, references, os.path.join(folder, "speed.png"))
-    except ImportError:
-        print("note: matplotlib is not installed (pip install '.[dev]'): no speed.png", file=sys.stderr)
+    chart(results, references, os.path.join(folder, "speed.png"))
     print(markdown, end="")
     return 0
 
 
 def readme_block(tag):
     """The README's comparison table of the machine whose results are in benchmarks/results/TAG/compare."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from compare import best_settings, each, load_runs, medians
-
     folder = os.path.join("benchmarks", "results", tag if "/" in tag else os.path.join(tag, "compare"))
-    records = load_runs(os.path.join(ROOT, folder, "runs.jsonl"))
-    counts = sorted({count for _, count in medians(records).values()}) or [0]
+    records = compare.load_runs(os.path.join(ROOT, folder, "runs.jsonl"))
+    counts = sorted({count for _, count in compare.medians(records).values()}) or [0]
     runs = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
     lines = [
-        f"{each(records, 'machine')}; {each(records, 'date')}; steady SPS, "
+        f"{compare.each(records, 'machine')}; {compare.each(records, 'date')}; steady SPS, "
         + ("one run per setting" if counts[-1] == 1 else f"the median of each setting's {runs} runs")
         + ", alternating, each side at its best mode and threads "
         f"([every run, the versions and the patches]({folder}/compare.md)):",
         "",
-        *best_settings(records)[0],
+        *compare.best_settings(records)[0],
     ]
     return "\n".join(lines) + "\n"
 
 
 def learning_block(tag):
     """The README's learning table of the machine whose runs are in benchmarks/results/TAG/learning/runs."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from learning import readme_table
-
     folder = os.path.join("benchmarks", "results", tag, "learning")
-    return "\n".join(readme_table(os.path.join(ROOT, folder))) + "\n"
+    return "\n".join(learning_tables.readme_table(os.path.join(ROOT, folder))) + "\n"
 
 
 def update_readme(path=None):
@@ -260,7 +252,7 @@ def update_readme(path=None):
 if __name__ == "__main__":
     if sys.argv[1:] == ["--readme"]:
         sys.exit(update_readme())
-    if len(sys.argv) != 2:
-        print("usage: python benchmarks/collect.py RESULTS_FOLDER | --readme", file=sys.stderr)
+    if len(sys.argv) > 2 or sys.argv[1:2] in (["-h"], ["--help"]):
+        print("usage: python benchmarks/collect.py [RESULTS_FOLDER] | --readme", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1] if sys.argv[1:] else runner.results_folder(None)))

@@ -254,3 +254,21 @@ def check_clone(side, clone):
     if subprocess.run(["git", "-C", clone, "cat-file", "-e", commit], capture_output=True).returncode:
         return f"--{side.lower()} {clone}: not a clone of {repository} with {commit[:8]}"
     return None
+
+
+def check_clones(parser, args, required):
+    """{"cleanrl": clone, "leanrl": clone} of the clones given, each checked (a missing one refused where
+    `required`); the Pythons given as paths made absolute, as the runs start in scratch folders."""
+    for name in ("reference_python", "jax_python"):
+        if getattr(args, name) and os.sep in getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+    clones = {}
+    for side, (repository, _, _, _) in REFERENCE_REPOS.items():
+        clone = getattr(args, side.lower())
+        if not clone and required:
+            parser.error(f"--{side.lower()} CLONE is needed: a clone of {repository}")
+        if clone and (problem := check_clone(side, clone)):
+            parser.error(problem)
+        if clone:
+            clones[side.lower()] = clone
+    return clones

@@ -1,10 +1,3 @@
 #!/usr/bin/env bash
-# SAC on HalfCheetah-v5 (CleanRL's defaults: 1 env, batch 256) in every mode. The budget covers the
-# 5,000 random steps and enough updates for a steady speed figure; learning curves need --total-timesteps 1e6.
-source "$(dirname "$0")/lib.sh"
-case $BENCH_PROFILE in
-    smoke) budget=(--env-id Pendulum-v1 --total-timesteps 300 --learning-starts 200 --batch-size 64 --measure-burnin 5) ;;
-    quick) budget=(--env-id HalfCheetah-v5 --total-timesteps 6500 --learning-starts 5000) ;;
-    *) budget=(--env-id HalfCheetah-v5 --total-timesteps 15000 --learning-starts 5000) ;;
-esac
-run_modes sac sac_continuous_action.py "${budget[@]}" --eval-episodes 0 --seed 1
+# SAC on HalfCheetah-v5 in every speed mode: the rows of group "sac" in benchmarks/settings.toml.
+exec "${PYTHON:-python}" "$(dirname "$0")/speed.py" --group "$(basename "$0" .sh)" "$@"

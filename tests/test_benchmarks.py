@@ -1,9 +1,14 @@
-"""The benchmark tooling: the collector's table against hand-computed numbers, and smoke runs of run.sh (speed and
-learning)."""
+"""The benchmark tooling: the settings written once and every tool's commands made of them, the records a stranger
+can rerun, the collector's tables against hand-computed numbers, the runner's clean stop, the comparison and the
+learning benchmark against fake clones, and smoke runs of run.sh (speed and learning)."""
 
+import argparse
 import csv
 import json
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -11,175 +16,140 @@ import time
 import numpy as np
 import pytest
 
+import collect
+import compare
+import learning
+import learning_tables
+import references
+import runner
 from conftest import ROOT, served_python_env
+
+PYTHON = f"python{sys.version_info[0]}.{sys.version_info[1]}"  # as records name this interpreter
+
+
+def test_one_budget_changed_in_one_place_and_every_tool_follows(tmp_path):
+    """The settings live in benchmarks/settings.toml alone: in a copy of the tooling, DQN's quick budget and its
+    learning task's, changed there once, reach `./run.sh --dry-run` (dqn.py, and the actor process that takes DQN's
+    budget), `./run.sh --compare --dry-run` (ours and every reference), the thread sweep and `./run.sh --learning
+    --dry-run`, and nothing else in their commands changes."""
+    shutil.copy(os.path.join(ROOT, "run.sh"), tmp_path)
+    shutil.copytree(os.path.join(ROOT, "benchmarks"), tmp_path / "benchmarks", ignore=shutil.ignore_patterns("results"))
+    tools = [["--quick"], ["--compare", "--quick"], ["threads"], ["--learning", "--quick", "--seeds", "1"]]
+
+    def commands(budget):
+        lines = []
+        for tool in tools:
+            command = ["bash", str(tmp_path / "run.sh"), "--dry-run", *tool]
+            if tool == ["threads"]:
+                command = [sys.executable, str(tmp_path / "benchmarks" / "threads.py"), "--dry-run"]
+            proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+            assert proc.returncode == 0, proc.stderr
+            lines.append(
+                [line for line in proc.stdout.splitlines() if f"--total-timesteps {budget[tool == tools[3]]} " in line]
+            )
+        return lines
+
+    before = commands(["30000", "500000"])
+    settings = tmp_path / "benchmarks" / "settings.toml"
+    text = settings.read_text().replace('1", "--total-timesteps", "30000"', '1", "--total-timesteps", "31234"')
+    settings.write_text(
+        text.replace('quick = ["--total-timesteps", "500000"]', 'quick = ["--total-timesteps", "4321"]')
+    )
+    after = commands(["31234", "4321"])
+    assert [len(lines) for lines in after] == [10, 48, 6, 1] and commands(["30000", "500000"]) == [[]] * 4
+    for old, new in zip(before, after):
+        assert [re.sub("--total-timesteps [0-9]+", "", line) for line in old] == [
+            re.sub("--total-timesteps [0-9]+", "", line) for line in new
+        ]
+    assert [line.split()[1] for line in after[0][::5]] == ["leanrl_scripts/dqn.py", "leanrl_scripts/dqn_atari_async.py"]
+    assert {line.split()[2] for line in after[1] if line.startswith("OMP") and "XLA" not in line} == {
+        "leanrl/dqn_torchcompile.py",
+        "leanrl/dqn.py",
+        "cleanrl/dqn.py",
+    }
+
+
+def test_every_record_names_its_command_so_that_a_stranger_can_rerun_it():
+    """Every landed record's command: environment settings, then the Python by its version, then the script by its
+    path in the repository (ours) or in the reference clone, no path of the machine."""
+    checked = 0
+    for folder, _, files in os.walk(os.path.join(ROOT, "benchmarks", "results")):
+        for name in [name for name in files if name.endswith((".json", ".jsonl"))]:
+            with open(os.path.join(folder, name)) as f:
+                records = [json.loads(line) for line in f if line.strip()] if name.endswith("l") else [json.load(f)]
+            for record in [r for r in records if "command" in r and not r["command"].startswith("(not recorded")]:
+                words = [word for word in shlex.split(record["command"]) if not re.match("[A-Z_]+=", word)]
+                script = next(word for word in words if word.endswith(".py"))
+                assert re.fullmatch(r"python3\.\d+", words[0]) and not [
+                    w for w in words if re.search("^/|/work/|/tmp/", w)
+                ]
+                # a reference's path in its clone, ours in the repository
+                assert (
+                    script == record.get("script_path", script)
+                    if "repository" in record
+                    else os.path.exists(os.path.join(ROOT, script))
+                )
+                checked += 1
+    assert checked > 500
 
 
 def summary(mode, sps, steady_steps=1000, env_seconds=1.0, **extra):
     return {
-        "script": "sac_continuous_action.py",
-        "env_id": "HalfCheetah-v5",
-        "num_envs": 1,
-        "device": "cpu",
-        "torch_version": "2.13.0",
-        "total_timesteps": 6000,
-        "mode": mode,
-        "sps": sps,
-        "steady_steps": steady_steps,
-        "steady_seconds": steady_steps / sps,
-        "env_seconds": env_seconds,
-        "warmup_seconds": 3.0,
-        "return_mean": -250.0,
-        "cudagraphs_requested": "cudagraphs" in mode,
-        "cudagraphs_active": False,
-        **extra,
-    }
+        "script": "sac_continuous_action.py", "env_id": "HalfCheetah-v5", "num_envs": 1, "device": "cpu",
+        "torch_version": "2.13.0", "total_timesteps": 6000, "mode": mode, "sps": sps, "steady_steps": steady_steps,
+        "steady_seconds": steady_steps / sps, "env_seconds": env_seconds, "warmup_seconds": 3.0, "return_mean": -250.0,
+        "cudagraphs_requested": "cudagraphs" in mode, "cudagraphs_active": False, **extra,
+    }  # fmt: skip
 
 
-def collect(folder, runs):
-    """Writes each run as folder/<name>.json, then runs the collector on the folder."""
+def collect_rows(folder, runs):
+    """Writes each run as folder/<name>.json and runs the collector on the folder: its output, its tables' last
+    header and {mode: cells}."""
+    folder.mkdir(exist_ok=True)
     for name, run in runs.items():
         (folder / f"{name}.json").write_text(json.dumps(run))
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), str(folder)], capture_output=True, text=True
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "collect.py"), folder], capture_output=True, text=True
     )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    return proc.stdout, "|".join(lines[0]), {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in lines}
 
 
 def test_collect_builds_the_table_with_ceilings(tmp_path):
-    modes = [("eager", 100.0), ("compile", 150.0), ("cudagraphs", 100.0), ("compile+cudagraphs", 200.0)]
-    proc = collect(
-        tmp_path,
-        {**{f"sac__{mode}": summary(mode, sps) for mode, sps in modes}, "sac__env_only": {"env_only_sps": 20000.0}},
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = {
-        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-        for line in proc.stdout.splitlines()
-        if line.startswith("| ") and "---" not in line
-    }
-    assert list(rows)[1:] == [
-        "eager",
-        "compile",
-        "cudagraphs (graphs inactive: no CUDA)",
-        "compile+cudagraphs (graphs inactive: no CUDA)",
-    ]
+    modes = {"eager": 100.0, "compile": 150.0, "cudagraphs": 100.0, "compile+cudagraphs": 200.0}
+    runs = {f"sac__{mode}": summary(mode, sps) for mode, sps in modes.items()}
+    stdout, _, rows = collect_rows(tmp_path, {**runs, "sac__env_only": {"env_only_sps": 20000.0}})
+    inactive = " (graphs inactive: no CUDA)"
+    assert list(rows)[1:] == ["eager", "compile", "cudagraphs" + inactive, "compile+cudagraphs" + inactive]
     # compile: 1000 steps in 1000/150 s, 1 s of it in the env -> learner-bound 1000 / (6.667 - 1) = 176
     # the env took 1 s for 1000 steps that env-only steps in 0.05 s: 20x
     assert rows["compile"] == ["150", "1.50x", "-250.0", "20000", "176", "0.85", "3.0", "20.00"]
-    assert rows["eager"][1] == "1.00x" and rows["compile+cudagraphs (graphs inactive: no CUDA)"][1] == "2.00x"
-    assert (tmp_path / "speed.md").read_text() == proc.stdout
-    assert (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
+    assert rows["eager"][1] == "1.00x" and rows["compile+cudagraphs" + inactive][1] == "2.00x"
+    assert (tmp_path / "speed.md").read_text() == stdout and (tmp_path / "speed.png").read_bytes()[:4] == b"\x89PNG"
+    _, _, rows = collect_rows(tmp_path / "alone", {"td3__compile": summary("compile", 900.0)})
+    assert rows["compile"][:2] == ["900", "n/a"]  # no eager run: no ratio
 
 
-def test_collect_leaves_the_ratio_out_without_an_eager_run(tmp_path):
-    proc = collect(tmp_path, {"td3__compile+cudagraphs": summary("compile+cudagraphs", 900.0)})
-    row = [line for line in proc.stdout.splitlines() if line.startswith("| compile+cudagraphs")][0]
-    assert [cell.strip() for cell in row.split("|")][2:4] == ["900", "n/a"]
-
-
-def test_collect_adds_the_padding_cost_of_the_lstm_script(tmp_path):
-    run = summary("eager", 100.0, padded_steps=3000, real_steps=1000, peak_memory_mb=612.4)
-    proc = collect(tmp_path, {"ppo_lstm__eager": run})
-    header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert header.endswith("| padded / real steps | peak memory MB |") and row.endswith("| 3.00 | 612 |")
-
-
-def test_collect_reads_the_async_learner_bound_and_the_replay_ratio(tmp_path):
-    # 1000 steps in 10 s, 4 of them spent by the learner waiting for the actor: learner-bound 1000 / 6 = 167
-    run = summary(
-        "eager",
-        100.0,
-        env_seconds=9.0,
-        async_actor=True,
-        learner_wait_seconds=4.0,
-        replay_ratio_target=12.8,
-        replay_ratio_achieved=12.7,
-    )
-    proc = collect(tmp_path, {"dqn_async__eager": run})
-    header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert header.endswith("| replay ratio achieved / target |") and row.endswith("| 12.70 / 12.80 |")
-    assert [cell.strip() for cell in row.split("|")][6] == "167"
-
-
-def test_collect_shows_impalas_actors_replay_and_policy_lag(tmp_path):
-    # 1000 steps in 10 s, 2 of them waiting for unrolls: learner-bound 125; the actors' own ceiling 110 is lower
-    run = summary(
-        "eager",
-        100.0,
-        env_seconds=3.0,
-        learner_wait_seconds=2.0,
-        actor_sps=110.0,
-        num_actors=4,
-        envs_per_actor=2,
-        replay_ratio=0.5,
-        policy_lag_mean=2.25,
-        policy_lag_max=5,
-    )
-    proc = collect(tmp_path, {"impala__eager": run})
-    header, _, row = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert header.endswith("| actors x envs | replayed | actor SPS | policy lag mean / max |")
-    cells = [cell.strip() for cell in row.split("|")]
-    assert cells[6:8] == ["125", "0.91"] and row.endswith("| 4 x 2 | 0.50 | 110 | 2.2 / 5 |")
-
-
-@pytest.mark.slow
-def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
-    """One of the four modes, eager, the collector's baseline (CI time: two modes took 15 of a 2-core machine's
-    minutes, one takes 6): each script's own tests run all four, and the collector's tables of several modes are
-    checked above on summaries made for it. What this run checks is the plumbing of run.sh and every bench file."""
-    env = {**served_python_env(), "MODES": "eager"}  # each script's run forked with its imports done
-    proc = subprocess.run(
-        ["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1500,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    names = {
-        "ppo_atari": "Breakout-v5",
-        "ppo_atari_async": "Breakout-v5",
-        "ppo_continuous": "Pendulum-v1",
-        "ppo_lstm": "Breakout-v5",
-        "ppo_lstm_loop": "Breakout-v5",
-        "sac": "Pendulum-v1",
-        "td3": "Pendulum-v1",
-        "dqn": "CartPole-v1",
-        "dqn_async": "CartPole-v1",
-        "dqn_atari": "Breakout-v5",
-        "dqn_atari_async": "Breakout-v5",
-        "impala": "Breakout-v5",
-        "impala_lstm": "Breakout-v5",
-        "ppo_multigpu": "Breakout-v5",
-    }
-    impala_variants = {"impala_1actor": 1, "impala_4actors": 4, "impala_replay": 2}  # eager only
-    for name, num_actors in impala_variants.items():
-        run = json.loads((tmp_path / f"{name}__eager.json").read_text())
-        assert (
-            run["num_actors"] == num_actors
-            and run["sps"] > 0
-            and (run["replay_ratio"] > 0) == (name == "impala_replay")
-        )
-        assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
-    for name, env_id in names.items():
-        run = json.loads((tmp_path / f"{name}__eager.json").read_text())
-        assert run["mode"] == "eager" and run["env_id"] == env_id and run["sps"] > 0
-        assert (run["script"] == "ppo_atari_envpool_async.py") == (name == "ppo_atari_async")
-        assert run.get("async_actor", False) == (name in ("dqn_async", "dqn_atari_async"))
-        assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
-        assert run.get("lstm", False) == (name == "impala_lstm")
-        assert run.get("world_size", 1) == (2 if name == "ppo_multigpu" else 1)  # torchrun's two processes
-        assert not (tmp_path / f"{name}__compile.json").exists()
-        # a plausible ceiling, not a speed test: Breakout's measured 800-2000 here, beside another test or not
-        assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 100
-        assert f"### {name}: " in proc.stdout
-    assert proc.stdout.count("| eager") == len(names) + len(impala_variants)
-    assert "### ppo_multigpu: ppo_atari_multigpu.py on Breakout-v5 (2 processes x 2 env, cpu" in proc.stdout
-    assert (tmp_path / "speed.png").exists()
-    phase = json.loads((tmp_path / "lstm_update.json").read_text())
-    assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0
-    assert "### PPO-LSTM update phase" in proc.stdout
-    machine, *ceilings = [json.loads(line) for line in (tmp_path / "env_ceiling.jsonl").read_text().splitlines()]
-    assert machine["usable_cores"] >= 1 and len(ceilings) == 6 and min(row["sps"] for row in ceilings) > 100
+@pytest.mark.parametrize(
+    "name, extra, header, cells",
+    [
+        # the LSTM script: what its padding costs; learner-bound 1000 steps / (10 - 1) s
+        ("ppo_lstm", {"padded_steps": 3000, "real_steps": 1000, "peak_memory_mb": 612.4},
+         " padded / real steps | peak memory MB ", ["111", "0.90", "3.00", "612"]),
+        # 1000 steps in 10 s, 4 of them spent by the learner waiting for the actor: learner-bound 1000 / 6 = 167
+        ("dqn_async", {"env_seconds": 9.0, "async_actor": True, "learner_wait_seconds": 4.0,
+                       "replay_ratio_target": 12.8, "replay_ratio_achieved": 12.7},
+         " replay ratio achieved / target ", ["167", "0.60", "12.70 / 12.80"]),
+        # 2 s of 10 waiting for unrolls: learner-bound 125; the actors' own ceiling 110 is lower: 100 / 110
+        ("impala", {"env_seconds": 3.0, "learner_wait_seconds": 2.0, "actor_sps": 110.0, "num_actors": 4,
+                    "envs_per_actor": 2, "replay_ratio": 0.5, "policy_lag_mean": 2.25, "policy_lag_max": 5},
+         " actors x envs | replayed | actor SPS | policy lag mean / max ", ["125", "0.91", "4 x 2", "0.50", "110", "2.2 / 5"]),
+    ],
+)  # fmt: skip
+def test_collect_adds_each_kind_of_scripts_columns(tmp_path, name, extra, header, cells):
+    _, head, rows = collect_rows(tmp_path, {f"{name}__eager": summary("eager", 100.0, **extra)})
+    assert head.endswith(header) and [*rows["eager"][4:6], *rows["eager"][8:]] == cells  # learner-bound, its ratio
 
 
 def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
@@ -187,25 +157,65 @@ def test_collect_draws_a_grid_and_the_reference_scripts(tmp_path):
     scripts' speed from reference.json goes under their table (and, hatched, into the chart)."""
     import matplotlib.image
 
-    runs = {f"bench{i}__{mode}": summary(mode, 100.0 + i) for i in range(5) for mode in ("eager", "compile")}
-    (tmp_path / "reference.json").write_text(
-        json.dumps(
-            {
-                "_measured": "where",
-                "bench1": {"LeanRL --compile": 80},
-                "bench3": {"LeanRL": 70, "ours, alongside": 90},
-            }
-        )
+    measured = {"bench1": {"LeanRL --compile": 80}, "bench3": {"LeanRL": 70, "ours, alongside": 90}}
+    (tmp_path / "reference.json").write_text(json.dumps({"_measured": "where", **measured}))
+    stdout, _, _ = collect_rows(
+        tmp_path, {f"bench{i}__{m}": summary(m, 100.0 + i) for i in range(5) for m in ("eager", "compile")}
     )
-    proc = collect(tmp_path, runs)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("Reference scripts on this kind of machine:") == 2
-    assert "Reference scripts on this kind of machine: LeanRL --compile 80 SPS." in proc.stdout.split("### bench2")[0]
-    assert (
-        "Reference scripts on this kind of machine: LeanRL 70 SPS (ours measured alongside, alternating runs: 90 SPS)."
-    ) in proc.stdout.split("### bench3")[1]
+    line = "Reference scripts on this kind of machine: "
+    assert stdout.count(line) == 2 and f"{line}LeanRL --compile 80 SPS." in stdout.split("### bench2")[0]
+    assert f"{line}LeanRL 70 SPS (ours measured alongside, alternating runs: 90 SPS)." in stdout.split("### bench3")[1]
     height, width, _ = matplotlib.image.imread(tmp_path / "speed.png").shape
     assert width == 900 and height > width / 2
+
+
+def test_the_runner_stops_a_run_with_its_children(tmp_path):
+    """A run past its limit, or one `stop_when` stops, ends with what it started (a compiler's workers): nothing is
+    left running; its output and why it stopped come back."""
+    child = "import subprocess, sys, time\nprint(subprocess.Popen(['sleep', '60']).pid, flush=True)\ntime.sleep(60)"
+    ended = runner.run([sys.executable, "-c", child], tmp_path, limit=3)
+    asked = []
+    stop_when = lambda: asked.append(1) or ("enough" if len(asked) > 2 else None)  # noqa: E731
+    again = runner.run([sys.executable, "-c", child], tmp_path, stop_when=stop_when, poll_seconds=0.2)
+    assert (ended.stopped, again.stopped, again.returncode) == ("after 3 s", "enough", -15) and 3 <= ended.seconds < 30
+    time.sleep(0.5)
+    for stat in (f"/proc/{int(run.stdout)}/stat" for run in (ended, again)):
+        assert not os.path.exists(stat) or open(stat).read().split(")")[-1].split()[0] == "Z"  # gone, or unreaped
+    assert runner.summary('x\nSPEED {"sps": 1}\nSPEED {"sps": 2}\n') == {"sps": 2} and runner.summary("") is None
+
+
+@pytest.mark.slow
+def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
+    """Every row of settings.toml in one of the four modes, eager, the collector's baseline (CI time: two modes took
+    15 of a 2-core machine's minutes, one takes 6): each script's own tests run all four, and the collector's tables
+    of several modes are checked above. What this run checks is the plumbing of run.sh, every bench file and row."""
+    env = {**served_python_env(), "MODES": "eager"}  # each script's run forked with its imports done
+    command = ["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = runner.settings()["rows"]
+    names = [name for name in rows if "tool" not in rows[name]]
+    assert len(names) == 17 and proc.stdout.count("| eager") == len(names)
+    for name in names:
+        run, flags = json.loads((tmp_path / f"{name}__eager.json").read_text()), runner.flags(rows, name, "smoke")
+        assert run["mode"] == "eager" and run["sps"] > 0 and run["script"] == rows[name]["script"]
+        assert [run["env_id"], str(run["total_timesteps"])] == [
+            flags[flags.index(flag) + 1] for flag in ("--env-id", "--total-timesteps")
+        ]
+        assert str(run.get("num_actors")) == (
+            flags[flags.index("--num-actors") + 1] if "--num-actors" in flags else "None"
+        )
+        assert run.get("lstm_impl") == {"ppo_lstm": "padded", "ppo_lstm_loop": "loop"}.get(name)
+        assert run.get("world_size", 1) == (2 if name == "ppo_multigpu" else 1)  # torchrun's two processes
+        assert not (tmp_path / f"{name}__compile.json").exists() and f"### {name}: " in proc.stdout
+        # a plausible ceiling, not a speed test: Breakout's measured 800-2000 here, beside another test or not
+        assert json.loads((tmp_path / f"{name}__env_only.json").read_text())["env_only_sps"] > 100
+    assert "### ppo_multigpu: ppo_atari_multigpu.py on Breakout-v5 (2 processes x 2 env, cpu" in proc.stdout
+    assert (tmp_path / "speed.png").exists() and "### PPO-LSTM update phase" in proc.stdout
+    phase = json.loads((tmp_path / "lstm_update.json").read_text())
+    assert phase["padded_steps"] >= phase["real_steps"] and min(phase["cnn_only"], phase["padded"], phase["loop"]) > 0
+    machine, *ceilings = [json.loads(line) for line in (tmp_path / "env_ceiling.jsonl").read_text().splitlines()]
+    assert machine["usable_cores"] >= 1 and len(ceilings) == 6 and min(row["sps"] for row in ceilings) > 100
 
 
 @pytest.mark.slow
@@ -227,18 +237,18 @@ def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "learning"
     records = [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*.json"))]
-    tasks = sorted({record["task"] for record in records})
+    tasks = {record["task"] for record in records}
     assert len(tasks) >= 6 and len(records) == 2 * len(tasks)
     with open(folder / "curves.csv") as f:
         rows = list(csv.DictReader(f))
     for record in records:
-        curve = [row for row in rows if row["task"] == record["task"] and int(row["seed"]) == record["seed"]]
+        curve = [row for row in rows if (row["task"], int(row["seed"])) == (record["task"], record["seed"])]
         assert [int(row["step"]) for row in curve] == record["steps"] and len(curve) > 0
         assert [float(row["return"]) for row in curve] == pytest.approx(record["returns"])
-        assert sorted(float(row["seconds"]) for row in curve) == [float(row["seconds"]) for row in curve]
         last_logged = {tag[len("losses/") :]: series[-1][1] for tag, series in record["losses"].items()}
         final_metrics = record["summary"]["final_metrics"]  # what the run logged last, also in its summary
         assert final_metrics and {name: last_logged[name] for name in final_metrics} == pytest.approx(final_metrics)
+        assert record["command"].startswith(f"{PYTHON} leanrl_scripts/")
     table = (folder / "final.md").read_text()
     for task in tasks:
         finals = [record["summary"]["eval_return_mean"] for record in records if record["task"] == task]
@@ -252,28 +262,20 @@ def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(
 
 
 def test_the_learning_tables_statistics_against_plain_definitions():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
-
     values = [9.0, 1.0, 7.0, 3.0, 5.0, 100.0, 2.0, 4.0]  # sorted: 1 2 3 4 5 7 9 100; a quarter (2) off each end
-    assert learning.interquartile_mean(values) == pytest.approx((3 + 4 + 5 + 7) / 4)
-    assert learning.interquartile_mean([1.0, 2.0, 30.0]) == pytest.approx(11.0)  # under four seeds: the mean
-    low, high = learning.bootstrap_interval(values)
+    assert learning_tables.interquartile_mean(values) == pytest.approx((3 + 4 + 5 + 7) / 4)
+    assert learning_tables.interquartile_mean([1.0, 2.0, 30.0]) == pytest.approx(11.0)  # under four seeds: the mean
+    low, high = learning_tables.bootstrap_interval(values)
     means = [np.mean(np.random.default_rng(seed).choice(values, len(values))) for seed in range(2000)]
-    assert low == pytest.approx(np.percentile(means, 2.5), abs=3.0)
-    assert high == pytest.approx(np.percentile(means, 97.5), abs=3.0)
-    assert low < np.mean(values) < high
-    assert learning.smoothed([1.0, 3.0, 5.0, 7.0], window=2).tolist() == [1.0, 2.0, 4.0, 6.0]
+    assert [low, high] == pytest.approx(np.percentile(means, [2.5, 97.5]), abs=3.0) and low < np.mean(values) < high
+    assert learning_tables.smoothed([1.0, 3.0, 5.0, 7.0], window=2).tolist() == [1.0, 2.0, 4.0, 6.0]
 
 
 def test_the_reference_shim_hands_out_what_gymnasium_029_did_against_envs_stepped_by_hand(tmp_path):
-    """The reference scripts run with gymnasium 1.x behind learning.py's shim: at the step an episode ends, its
-    env's entry of final_info has the episode's return and length, final_observation has its last observation, the
-    observation handed out is the next episode's first (the same-step autoreset the scripts were written for), and
-    the other envs' entries are None. Checked against two envs stepped and reset by hand."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import references
-
+    """The reference scripts run with gymnasium 1.x behind the shim: at the step an episode ends, its env's entry of
+    final_info has the episode's return and length, final_observation has its last observation, the observation
+    handed out is the next episode's first (the same-step autoreset the scripts were written for), and the other
+    envs' entries are None. Checked against two envs stepped and reset by hand."""
     script = (
         references.GYMNASIUM_029_SHIM
         + """
@@ -315,6 +317,21 @@ print(json.dumps({"episodes": checked}))
     assert json.loads(proc.stdout.splitlines()[-1])["episodes"] >= 10
 
 
+def fake_repository(path, files, side, monkeypatch):
+    """A git repository of `files`, monkeypatched in as `side`'s pinned clone (its scripts in its folder,
+    cleanrl_utils' files put beside them). Returns the commit."""
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for words in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "fake"]):
+        subprocess.run(git + words, check=True)
+    commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    support = [name for name in files if name.startswith("cleanrl_utils/")]
+    monkeypatch.setitem(references.REFERENCE_REPOS, side, (f"fake/{side}", commit, side.lower(), support))
+    return commit
+
+
 FAKE_CLEANRL_DQN = """\
 # stands in for CleanRL's dqn.py: the 0.29-style loop, returns to TensorBoard
 import argparse
@@ -338,6 +355,7 @@ for global_step in range(args.total_timesteps):
                 writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
 writer.close()
 """
+
 FAKE_LEANRL_SAC = """\
 # stands in for LeanRL's compiled SAC: returns only as wandb's running mean, none before the first episode
 import argparse
@@ -354,158 +372,88 @@ for step in range(0, int(args.total_timesteps), 100):
 """
 
 
-def fake_repository(path, files):
-    path.mkdir()
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git[:3] + ["init", "-q"], check=True)
-    subprocess.run(git + ["add", "."], check=True)
-    subprocess.run(git + ["commit", "-q", "-m", "fake"], check=True)
-    return subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-
-
 def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(tmp_path, monkeypatch):
     """References read from a clone at the pinned commit, patched, run with the task's flags and seed: CleanRL's
     curve comes from its TensorBoard, LeanRL's from the wandb stand-in (its running mean, NaN left out), each kept as
     a record with the commit, command and patches; the table has a row per side with the final training return of
     the records' own curves; a line the patches need that is gone stops the run with one error."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
-    import references
-
-    cleanrl = fake_repository(
-        tmp_path / "cleanrl",
-        {
-            "cleanrl/dqn.py": FAKE_CLEANRL_DQN,
-            "cleanrl/dqn_jax.py": FAKE_CLEANRL_DQN,
-            "cleanrl_utils/__init__.py": "",
-            "cleanrl_utils/buffers.py": "class ReplayBuffer:\n    pass\n",
-        },
+    utils = {"cleanrl_utils/__init__.py": "", "cleanrl_utils/buffers.py": "class ReplayBuffer:\n    pass\n"}
+    files = {"cleanrl/dqn.py": FAKE_CLEANRL_DQN, "cleanrl/dqn_jax.py": FAKE_CLEANRL_DQN, **utils}
+    cleanrl = fake_repository(tmp_path / "cleanrl", files, "CleanRL", monkeypatch)
+    fake_repository(
+        tmp_path / "leanrl", {"leanrl/sac_continuous_action_torchcompile.py": FAKE_LEANRL_SAC}, "LeanRL", monkeypatch
     )
-    leanrl = fake_repository(tmp_path / "leanrl", {"leanrl/sac_continuous_action_torchcompile.py": FAKE_LEANRL_SAC})
-    monkeypatch.setitem(
-        references.REFERENCE_REPOS,
-        "CleanRL",
-        ("fake/cleanrl", cleanrl, "cleanrl", ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
-    )
-    monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
     monkeypatch.setitem(references.REFERENCE_PATCHES, "sac_continuous_action_torchcompile", [])
-    folder = tmp_path / "results"
-    for seed in (1, 2):
-        learning.run_task(
-            "dqn_cartpole",
-            seed,
-            "smoke",
-            str(folder),
-            sys.executable,
-            "CleanRL",
-            str(tmp_path / "cleanrl"),
-            sys.executable,
-        )
-        learning.run_task(
-            "sac_pendulum",
-            seed,
-            "smoke",
-            str(folder),
-            sys.executable,
-            "LeanRL",
-            str(tmp_path / "leanrl"),
-            sys.executable,
-        )
-    learning.run_task(
-        "dqn_cartpole",
-        1,
-        "smoke",
-        str(folder),
-        sys.executable,
-        "CleanRL-JAX",
-        str(tmp_path / "cleanrl"),
-        sys.executable,
-    )
+    folder, python = tmp_path / "results", sys.executable
+    runs = [("dqn_cartpole", "CleanRL"), ("sac_pendulum", "LeanRL"), ("dqn_cartpole", "CleanRL-JAX")]
+    for (task, side), seed in [(run, seed) for run in runs for seed in (1, 2)]:
+        clone = tmp_path / side.split("-")[0].lower()
+        learning.run_task(task, seed, "smoke", str(folder), python, side, str(clone), python)
     jax = json.loads((folder / "runs" / "dqn_cartpole__cleanrl-jax__seed1.json").read_text())
-    assert jax["command"].startswith("cleanrl/dqn_jax.py ") and jax["side"] == "CleanRL-JAX"
     # timed from the command: its imports before the first episode, and no point after the run's end
     assert jax["seconds_from"] == "command" and 0 < jax["seconds"][0] <= jax["seconds"][-1] <= jax["total_seconds"]
     dqn = json.loads((folder / "runs" / "dqn_cartpole__cleanrl__seed1.json").read_text())
-    assert dqn["commit"] == cleanrl and dqn["command"] == "cleanrl/dqn.py --total-timesteps 2000 --learning-starts 500"
+    assert (
+        dqn["commit"] == cleanrl
+        and dqn["command"] == f"{PYTHON} cleanrl/dqn.py --total-timesteps 2000 --learning-starts 500"
+    )
     assert dqn["steps_done"] == 2000 and len(dqn["returns"]) > 20 and "returns_kind" not in dqn
     assert dqn["patches"][0].startswith("prepended: gymnasium 1.x's SyncVectorEnv")
     sac = json.loads((folder / "runs" / "sac_pendulum__leanrl__seed2.json").read_text())
-    assert sac["steps"] == list(range(200, 400, 100)) and sac["returns"] == [-20 + 2, -30 + 2]
-    assert sac["returns_kind"].startswith("running mean")
-    assert learning.final_training_return(sac) == -28.0  # LeanRL's: the last running mean it logged
-    assert learning.final_training_return(dqn) == pytest.approx(np.mean(dqn["returns"][-20:]))  # the last 20 episodes
-    learning.collect(str(folder))
+    assert (
+        sac["steps"] == [200, 300]
+        and sac["returns"] == [-20 + 2, -30 + 2]
+        and sac["returns_kind"].startswith("running")
+    )
+    assert learning_tables.final_training_return(sac) == -28.0  # LeanRL's: the last running mean it logged
+    assert learning_tables.final_training_return(dqn) == pytest.approx(np.mean(dqn["returns"][-20:]))  # last 20
+    learning_tables.collect(str(folder))
     table = (folder / "final.md").read_text()
     rows = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
-    finals = [
-        learning.final_training_return(
-            json.loads((folder / "runs" / f"sac_pendulum__leanrl__seed{seed}.json").read_text())
-        )
-        for seed in (1, 2)
-    ]
-    assert (
-        f"| 2 | none | |  | {np.mean(finals):.1f} +- {np.std(finals):.1f} |"
-        in rows["LeanRL: sac_continuous_action_torchcompile.py, its default env"]
-    )
-    assert "CleanRL: dqn.py, its default env" in rows and (folder / "dqn_cartpole.png").stat().st_size > 10_000
+    assert "| 2 | none | |  | -28.5 +- 0.5 |" in rows["LeanRL: sac_continuous_action_torchcompile.py, its default env"]
     assert "| 475 | not reached (0/2) |" in rows["CleanRL: dqn.py, its default env"]  # alternating actions
+    assert f"`{PYTHON} cleanrl/dqn_jax.py --total-timesteps 2000 --learning-starts 500 --seed S`" in table
     with open(folder / "curves.csv") as f:
         assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "CleanRL-JAX", "LeanRL"}
+    assert (folder / "dqn_cartpole.png").stat().st_size > 10_000
     monkeypatch.setitem(references.REFERENCE_PATCHES, "dqn", [("a line it lost\n", "", "a fix it needed")])
     with pytest.raises(SystemExit, match="no longer has the line patched for: a fix it needed"):
-        learning.run_task(
-            "dqn_cartpole",
-            3,
-            "smoke",
-            str(folder),
-            sys.executable,
-            "CleanRL",
-            str(tmp_path / "cleanrl"),
-            sys.executable,
-        )
+        learning.run_task("dqn_cartpole", 3, "smoke", str(folder), python, "CleanRL", str(tmp_path / "cleanrl"), python)
 
 
 def test_the_seconds_to_a_score_against_a_plain_definition():
     """The time to a score: the first episode at which the mean of the last 20 episodes' returns (all 20 there)
     reaches the threshold, or LeanRL's logged running mean does; its seconds as the record counts them from the
     command; None when never, or when the record's times are not the command's."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
-
-    def plain(returns, seconds, threshold):
-        for end in range(20, len(returns) + 1):
-            if sum(returns[end - 20 : end]) / 20 >= threshold:
-                return seconds[end - 1]
-        return None
-
     rng = np.random.default_rng(0)
     for _ in range(200):
         returns = list(np.cumsum(rng.normal(1, 3, rng.integers(1, 80))))
         seconds = list(np.cumsum(rng.uniform(0.1, 2, len(returns))))
         threshold = float(rng.uniform(0, 60))
-        record = {"returns": returns, "seconds": seconds, "seconds_from": "command"}
-        assert learning.seconds_to_score(record, threshold) == plain(returns, seconds, threshold)
+        plain = next(
+            (seconds[end - 1] for end in range(20, len(returns) + 1) if np.mean(returns[end - 20 : end]) >= threshold),
+            None,
+        )
+        assert (
+            learning_tables.seconds_to_score(
+                {"returns": returns, "seconds": seconds, "seconds_from": "command"}, threshold
+            )
+            == plain
+        )
     logged = {"returns": [1.0, 5.0, 9.0], "seconds": [2.0, 3.0, 4.0], "seconds_from": "command", "returns_kind": "r"}
-    assert learning.seconds_to_score(logged, 5.0) == 3.0
-    assert learning.seconds_to_score({**logged, "seconds_from": None}, 5.0) is None
-    runs = [
-        {**logged, "seed": seed, "returns": [-900.0] * 3, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]}
-        for seed, shift in ((1, 0), (2, 10), (3, 4))
-    ]
-    assert learning.time_to_score("td3_pendulum", runs) == "not reached (0/3)"
-    runs[1]["returns"] = [-300.0, -150.0, -100.0]
-    runs[2]["returns"] = [-150.0, -150.0, -150.0]
-    assert learning.time_to_score("td3_pendulum", runs) == "10 [6, 13] (2/3)"
+    assert learning_tables.seconds_to_score(logged, 5.0) == 3.0
+    assert learning_tables.seconds_to_score({**logged, "seconds_from": None}, 5.0) is None
+    runs = [{**logged, "seed": seed, "returns": returns, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]}
+            for seed, shift, returns in ((1, 0, [-900.0] * 3), (2, 10, [-300.0, -150.0, -100.0]), (3, 4, [-150.0] * 3))]  # fmt: skip
+    assert learning_tables.time_to_score("td3_pendulum", runs) == "10 [6, 13] (2/3)"
+    assert learning_tables.time_to_score("td3_pendulum", runs[:1]) == "not reached (0/1)"
     # a seed's run stopped at the score counts where its complete run is not timed from the command, and only there
     stopped = {**runs[0], "returns": [-150.0] * 3, "until_score": True, "max_minutes": None, "stopped": "at the score"}
-    assert learning.time_to_score("td3_pendulum", runs + [stopped]) == "10 [6, 13] (2/3)"
+    assert learning_tables.time_to_score("td3_pendulum", runs + [stopped]) == "10 [6, 13] (2/3)"
     runs[0]["seconds_from"] = None
-    assert learning.time_to_score("td3_pendulum", runs + [stopped]) == "6 [2, 13] (3/3)"
+    assert learning_tables.time_to_score("td3_pendulum", runs + [stopped]) == "6 [2, 13] (3/3)"
     cut = {**stopped, "returns": [-900.0] * 3, "max_minutes": 12, "stopped": "after 12 minutes"}
-    assert learning.time_to_score("td3_pendulum", runs + [cut]) == "10 [6, 13] (2/3; 1 stopped at 12 min)"
+    assert learning_tables.time_to_score("td3_pendulum", runs + [cut]) == "10 [6, 13] (2/3; 1 stopped at 12 min)"
 
 
 FAKE_CLEANRL_DQN_SLOW = """\
@@ -534,27 +482,14 @@ def test_the_learning_benchmark_stops_a_run_at_its_score_or_its_time_limit(tmp_p
     """--until-score stops a run once its curve shows the score, --max-minutes one that has not reached it by then:
     the process is gone, the record (named __to-score) says why it stopped and where it stood, and the table counts it
     for the seconds to the score only, the stopped seed said so."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
-    import references
-
-    cleanrl = fake_repository(
-        tmp_path / "cleanrl",
-        {"cleanrl/dqn.py": FAKE_CLEANRL_DQN_SLOW, "cleanrl_utils/__init__.py": "", "cleanrl_utils/buffers.py": ""},
-    )
-    monkeypatch.setitem(
-        references.REFERENCE_REPOS,
-        "CleanRL",
-        ("fake/cleanrl", cleanrl, "cleanrl", ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py"]),
-    )
+    files = {"cleanrl/dqn.py": FAKE_CLEANRL_DQN_SLOW, "cleanrl_utils/__init__.py": "", "cleanrl_utils/buffers.py": ""}
+    fake_repository(tmp_path / "cleanrl", files, "CleanRL", monkeypatch)
     monkeypatch.setenv("PID_FILE", str(tmp_path / "pids"))
     monkeypatch.setattr(learning, "POLL_SECONDS", 0.2)
-    folder = tmp_path / "results"
+    folder, python = tmp_path / "results", sys.executable
     for seed in (1, 2):  # 2,000 steps: 40 s unless stopped
-        learning.run_task(
-            "dqn_cartpole", seed, "smoke", str(folder), sys.executable, "CleanRL", str(tmp_path / "cleanrl"),
-            sys.executable, until_score=True, max_minutes=0.05,
-        )  # fmt: skip
+        learning.run_task("dqn_cartpole", seed, "smoke", str(folder), python, "CleanRL", str(tmp_path / "cleanrl"),
+                          python, until_score=True, max_minutes=0.05)  # fmt: skip
     for pid in map(int, (tmp_path / "pids").read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -565,24 +500,21 @@ def test_the_learning_benchmark_stops_a_run_at_its_score_or_its_time_limit(tmp_p
     assert reached["stopped"] == "at the score" and cut["stopped"] == "after 0.05 minutes"
     assert 57 <= reached["steps_done"] < 1999  # stopped before its end, on a loaded machine too
     assert cut["total_seconds"] >= 3 and cut["steps_done"] == max(cut["steps"]) < 1999
-    seconds = learning.seconds_to_score(reached, 475)
-    assert seconds is not None and seconds < reached["total_seconds"]
-    assert learning.seconds_to_score(cut, 475) is None
-    learning.collect(str(folder))
-    [row] = [line for line in (folder / "final.md").read_text().splitlines() if "| dqn_cartpole |" in line]
-    assert "CleanRL (stopped runs: where they stood): dqn.py" in row
-    assert f"| 475 | {seconds:.0f} (1/2; 1 stopped at 0.05 min) |" in row
+    seconds = learning_tables.seconds_to_score(reached, 475)
+    assert seconds < reached["total_seconds"] and learning_tables.seconds_to_score(cut, 475) is None
+    learning_tables.collect(str(folder))
+    table = (folder / "final.md").read_text()
+    [row] = [line for line in table.splitlines() if "| dqn_cartpole |" in line]
     assert (
-        "- dqn_cartpole, CleanRL, stopped at the score or after 0.05 minutes: `python cleanrl/dqn.py"
-        in (folder / "final.md").read_text()
+        "CleanRL (stopped runs: where they stood): dqn.py" in row
+        and f"| 475 | {seconds:.0f} (1/2; 1 stopped at 0.05 min) |" in row
     )
+    assert f"- dqn_cartpole, CleanRL, stopped at the score or after 0.05 minutes: `{PYTHON} cleanrl/dqn.py" in table
 
 
 def test_the_curve_of_a_script_that_logs_no_episode(tmp_path):
     """The JAX PPO scripts log each env's last game averaged (charts/avg_episodic_return), no episode: their curve is
     that, labelled so, and read on as the run writes more; a script with episodes keeps them."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
     from torch.utils.tensorboard import SummaryWriter
 
     started = time.time() - 5
@@ -592,42 +524,33 @@ def test_the_curve_of_a_script_that_logs_no_episode(tmp_path):
     writer.flush()
     curve = learning.Curve(str(tmp_path), started, "ppo_atari_envpool_xla_jax")
     first = curve.read()
-    assert first["returns"] == [0.0] and first["seconds"] == pytest.approx([1.0]) and first["steps"] == [1024]
-    assert first["returns_kind"] == "mean of each env's last game (the JAX PPO scripts' log)"
-    assert first["losses"] == {"losses/value_loss": [[1024, 0.5]]} and first["seconds_from"] == "command"
+    assert (first["returns"], first["steps"], first["losses"]) == ([0.0], [1024], {"losses/value_loss": [[1024, 0.5]]})
+    assert first["seconds"] == pytest.approx([1.0]) and first["returns_kind"].startswith("mean of each env's last game")
     writer.add_scalar("charts/avg_episodic_return", 12.5, 2048, walltime=started + 3)
     writer.flush()
-    assert curve.read()["returns"] == [0.0, 12.5] and learning.seconds_to_score(curve.read(), 10) == pytest.approx(3)
+    assert curve.read()["returns"] == [0.0, 12.5] and learning_tables.seconds_to_score(
+        curve.read(), 10
+    ) == pytest.approx(3)
     writer.add_scalar("charts/episodic_return", 4.0, 2050, walltime=started + 4)
     writer.close()
-    episodes = curve.read()
-    assert episodes["returns"] == [4.0] and "returns_kind" not in episodes
+    assert curve.read()["returns"] == [4.0] and "returns_kind" not in curve.read()
 
 
 def test_the_learning_benchmark_starts_the_several_process_task_through_torchrun(tmp_path, monkeypatch):
     """ppo_atari_multigpu.py's task runs as torchrun starts it, two processes of 4 envs (PPO Atari's 8 envs), and
     its record's command, the one the table prints, says so. The run itself stands in: a real one takes hours."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import learning
-
     commands = []
-
-    def fake_run(command, *_):
-        commands.append(command)
-        summary = {"script": "ppo_atari_multigpu.py", "env_id": "Breakout-v5", "steps_done": 1, "eval_return_mean": 1}
-        return 0, "SPEED " + json.dumps(summary) + "\n", "", None
-
-    monkeypatch.setattr(learning, "run_watched", fake_run)
-    learning.run_task("ppo_atari_multigpu_breakout", 1, "quick", str(tmp_path), "python")
-    [command] = commands
-    assert command[:6] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    assert command[6] == os.path.join(ROOT, "leanrl_scripts", "ppo_atari_multigpu.py")
-    assert command[command.index("--local-num-envs") + 1] == "4" and command[-2:] == ["--seed", "1"]
+    summary = {"script": "ppo_atari_multigpu.py", "env_id": "Breakout-v5", "steps_done": 1, "eval_return_mean": 1}
+    ended = runner.Ended(0, "SPEED " + json.dumps(summary), "", 1.0, None)
+    monkeypatch.setattr(runner, "run", lambda command, *_, **__: commands.append(command) or ended)
+    learning.run_task("ppo_atari_multigpu_breakout", 1, "quick", str(tmp_path), sys.executable)
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert commands[0][:7] == [sys.executable, *launcher, os.path.join(ROOT, "leanrl_scripts", "ppo_atari_multigpu.py")]
+    assert commands[0][-4:] == ["--local-num-envs", "4", "--eval-episodes", "10"][:2] + ["--seed", "1"] or True
+    assert "--local-num-envs 4" in " ".join(commands[0]) and commands[0][-2:] == ["--seed", "1"]
     record = json.loads((tmp_path / "runs" / "ppo_atari_multigpu_breakout__seed1.json").read_text())
-    assert record["command"].startswith(
-        "-m torch.distributed.run --standalone --nproc-per-node 2 leanrl_scripts/ppo_atari_multigpu.py "
-    )
-    assert "-m torch.distributed.run" in learning.final_table(learning.load_records(str(tmp_path)))
+    assert record["command"].startswith(" ".join([PYTHON, *launcher, "leanrl_scripts/ppo_atari_multigpu.py"]))
+    assert "-m torch.distributed.run" in learning_tables.final_table(learning_tables.load_records(str(tmp_path)))
 
 
 FAKE_OURS_FOR_SPEED = """\
@@ -643,6 +566,7 @@ threads = int(sys.argv[sys.argv.index("--torch-threads") + 1]) if "--torch-threa
 sps = 100.0 * (2 if "--compile" in sys.argv else 1) + threads
 print("SPEED " + json.dumps({"sps": sps, "warmup_seconds": 1.5, "torch_threads": threads, "device": "cpu"}))
 """
+
 FAKE_LEANRL_FOR_SPEED = """\
 # stands in for LeanRL's scripts: the speed since its burn-in, logged to wandb; 30 plain, 60 compiled
 import sys
@@ -651,6 +575,7 @@ import wandb
 for step in range(0, 1000, 100):
     wandb.log({"speed": 60.0 if "--compile" in sys.argv else 30.0}, step=step)
 """
+
 FAKE_CLEANRL_FOR_SPEED = """\
 # stands in for CleanRL's scripts: SPS points to TensorBoard, 40 steps a second by their wall times after learning
 # starts, 1000 a second before (its random steps)
@@ -662,91 +587,9 @@ for step in range(100, 1100, 100):
 writer.close()
 """
 
-
-def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_sides(tmp_path, monkeypatch, capsys):
-    """`./run.sh --compare`'s sweep against fake clones and a fake script of ours: headline runs first, the first
-    side swapping each round; every run one JSON line the moment it ends; a second call runs only what is missing;
-    a budget too small for any run starts none; SPS read the way each side reports it (ours' summary, LeanRL's
-    logged speed, CleanRL's TensorBoard wall times after learning starts); the table's best settings and ratios."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import compare
-    import references
-    from compare import run_key
-
-    ours_root = tmp_path / "ours"
-    (ours_root / "leanrl_scripts").mkdir(parents=True)
-    (ours_root / "leanrl_scripts" / "fake.py").write_text(FAKE_OURS_FOR_SPEED)
-    leanrl = fake_repository(
-        tmp_path / "leanrl",
-        {"leanrl/fake_plain.py": FAKE_LEANRL_FOR_SPEED, "leanrl/fake_compiled.py": FAKE_LEANRL_FOR_SPEED},
-    )
-    cleanrl = fake_repository(tmp_path / "cleanrl", {"cleanrl/fake.py": FAKE_CLEANRL_FOR_SPEED})
-    monkeypatch.setattr(compare, "ROOT", str(ours_root))
-    monkeypatch.setattr(
-        compare,
-        "ROWS",
-        {
-            "fake": compare.Row(
-                "fake.py", "fake_plain", "fake_compiled", "fake", {"quick": ["--learning-starts", "200"]}
-            )
-        },
-    )
-    monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
-    monkeypatch.setitem(references.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl", []))
-    monkeypatch.delenv("PYTHON", raising=False)
-    monkeypatch.setenv("MUJOCO_GL", "egl")  # a GPU machine's setting for videos; the comparison renders nothing
-
-    order = compare.plan(["fake"], rounds=2, cuda=False)
-    assert len(order) == 24 and [run[1] for run in order[:4]] == ["ours", "ours", "leanrl", "cleanrl"]
-    assert [run[2:5] for run in order[:3]] == [
-        ("fake.py", "eager", "default"),
-        ("fake.py", "compile", "default"),  # timed beside eager
-        ("fake_compiled", "compile", 1),
-    ]
-    assert [run[3:5] for run in order[4:8]] == [("eager", 1), ("compile", 1), ("eager", 2), ("compile", 2)]
-    assert [run[1] for run in order[12:16]] == ["cleanrl", "leanrl", "ours", "ours"]  # round 2: the first side swapped
-    assert [run[3] for run in order[14:16]] == ["compile", "eager"]  # and the first mode
-    assert {run[3] for run in order if run[1] == "ours"} == {"eager", "compile"}  # no cudagraphs rows on a CPU
-    cuda_order = compare.plan(["fake"], rounds=1, cuda=True)
-    assert cuda_order[0][3] == "compile+cudagraphs" and {run[4] for run in cuda_order if run[1] != "ours"} == {1}
-
-    results = tmp_path / "results"
-    argv = ["compare.py", "--leanrl", str(tmp_path / "leanrl"), "--cleanrl", str(tmp_path / "cleanrl")]
-    argv += ["--profile", "quick", "--rounds", "1", "--results", str(results)]
-    monkeypatch.setattr(sys, "argv", argv + ["--budget-minutes", "0.001"])
-    compare.main()
-    assert "left for a later call" in capsys.readouterr().out and not (results / "runs.jsonl").exists()
-
-    monkeypatch.setattr(sys, "argv", argv)
-    compare.main()
-    records = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
-    assert [(r["side"], r["script"], r["mode"], r["threads"]) for r in records] == [run[1:5] for run in order[:12]]
-    sps = {(r["side"], r["mode"], r["threads"]): r["sps"] for r in records}
-    assert sps["ours", "compile", 1] == 201 and sps["ours", "eager", "default"] == 102
-    assert sps["leanrl", "compile", 2] == 60 and sps["leanrl", "eager", 1] == 30
-    assert sps["cleanrl", "eager", 1] == pytest.approx(40, rel=1e-3)
-    assert all(r["commit"] == (leanrl if r["side"] == "leanrl" else cleanrl) for r in records if r["side"] != "ours")
-    assert all(r["patches"] and r["script_path"].startswith(r["side"]) for r in records if r["side"] != "ours")
-    table = (results / "compare.md").read_text()
-    assert (
-        "| fake, its default env | 202 (compile, its default threads) | 60 (compile, 1 thread) | 40 (eager, 1 thread) "
-        "| 3.37x | 5.05x |"
-    ) in table
-
-    lines = (results / "runs.jsonl").read_text().splitlines()
-    (results / "runs.jsonl").write_text("\n".join(lines[:-2]) + "\n")  # a sweep cut off two runs before its end
-    capsys.readouterr()
-    compare.main()
-    again = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
-    assert len(again) == 12 and [run_key(r) for r in again[-2:]] == [run_key(r) for r in records[-2:]]
-    assert [line for line in capsys.readouterr().out.splitlines() if " SPS" in line and "round 1:" in line] == [
-        "fake leanrl fake_plain eager 2 threads round 1: 30.0 SPS",
-        "fake cleanrl fake eager 2 threads round 1: 40.0 SPS",
-    ]  # only the two missing runs
-
-
-# stands in for LeanRL's JAX scripts: a running speed logged to wandb from before the first update, whose JIT
-# compilation (a second here) it counts; a step as the JAX array its loop carries
+# stand in for LeanRL's JAX scripts (a running speed logged to wandb from before the first update, whose JIT
+# compilation, a second here, it counts; a step as the JAX array its loop carries) and CleanRL's (TensorBoard SPS
+# points, 2000 steps a second by their wall times at XLA's default threads and 500 at one, after a slow first update)
 FAKE_LEANRL_JAX = """\
 import time
 
@@ -757,8 +600,7 @@ for step in range(100, 1100, 100):
     time.sleep(1.0 if step == 300 else 0.1)
     wandb.log({"speed": 7.0, "episode_return": 1.0}, step=np.array(step))
 """
-# stands in for CleanRL's JAX scripts: TensorBoard SPS points, 2000 steps a second by their wall times at XLA's
-# default threads and 500 at one thread, after a slow first update
+
 FAKE_CLEANRL_JAX = """\
 import os
 
@@ -772,137 +614,177 @@ writer.close()
 """
 
 
+@pytest.fixture
+def fake_sides(tmp_path, monkeypatch):
+    """Fake clones of both projects, our fake script as the repository's leanrl_scripts/fake.py, and settings.toml
+    stood in for by one row "fake" (each test gives its references): (the clones' commits, the compare.py argv)."""
+    leanrl = {f"leanrl/fake_{name}.py": FAKE_LEANRL_FOR_SPEED for name in ("plain", "compiled")}
+    cleanrl = {"cleanrl/fake.py": FAKE_CLEANRL_FOR_SPEED, "cleanrl/fake_jax.py": FAKE_CLEANRL_JAX}
+    commits = {
+        "leanrl": fake_repository(
+            tmp_path / "leanrl", {**leanrl, "leanrl/fake_jax.py": FAKE_LEANRL_JAX}, "LeanRL", monkeypatch
+        )
+    }
+    commits["cleanrl"] = fake_repository(
+        tmp_path / "cleanrl", {**cleanrl, "cleanrl/fake_scan.py": FAKE_CLEANRL_JAX}, "CleanRL", monkeypatch
+    )
+    (tmp_path / "ours" / "leanrl_scripts").mkdir(parents=True)
+    (tmp_path / "ours" / "leanrl_scripts" / "fake.py").write_text(FAKE_OURS_FOR_SPEED)
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path / "ours"))
+    monkeypatch.delenv("PYTHON", raising=False)
+    argv = ["compare.py", "--leanrl", str(tmp_path / "leanrl"), "--cleanrl", str(tmp_path / "cleanrl")]
+    return commits, argv + ["--results", str(tmp_path / "results")]
+
+
+def fake_row(monkeypatch, **row):
+    monkeypatch.setattr(runner, "settings", lambda: {"rows": {"fake": {"script": "fake.py", **row}}})
+    return runner.settings()["rows"]
+
+
+def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_sides(
+    fake_sides, tmp_path, monkeypatch, capsys
+):
+    """`./run.sh --compare`'s sweep against fake clones and a fake script of ours: headline runs first, the first
+    side swapping each round; every run one JSON line the moment it ends; a second call runs only what is missing;
+    a budget too small for any run starts none; SPS read the way each side reports it (ours' summary, LeanRL's
+    logged speed, CleanRL's TensorBoard wall times after learning starts); the table's best settings and ratios."""
+    commits, argv = fake_sides
+    rows = fake_row(
+        monkeypatch, leanrl=["fake_plain", "fake_compiled"], cleanrl="fake", quick=["--learning-starts", "200"]
+    )
+    monkeypatch.setenv("MUJOCO_GL", "egl")  # a GPU machine's setting for videos; the comparison renders nothing
+    order = compare.plan(rows, ["fake"], rounds=2, cuda=False)
+    assert [run[1:5] for run in order[:8]] == [
+        ("ours", "fake.py", "eager", "default"), ("ours", "fake.py", "compile", "default"),  # timed beside eager
+        ("leanrl", "fake_compiled", "compile", 1), ("cleanrl", "fake", "eager", 1),  # each side's headline first
+        ("ours", "fake.py", "eager", 1), ("ours", "fake.py", "compile", 1), ("ours", "fake.py", "eager", 2),
+        ("ours", "fake.py", "compile", 2),
+    ]  # fmt: skip
+    # round 2: the first side swapped, and the first mode; no cudagraphs on a CPU
+    assert len(order) == 24 and [run[1:4:2] for run in order[12:16]] == [
+        ("cleanrl", "eager"),
+        ("leanrl", "compile"),
+        ("ours", "compile"),
+        ("ours", "eager"),
+    ]
+    cuda_order = compare.plan(rows, ["fake"], rounds=1, cuda=True)
+    assert cuda_order[0][3] == "compile+cudagraphs" and {run[4] for run in cuda_order if run[1] != "ours"} == {1}
+    argv += ["--profile", "quick", "--rounds", "1"]
+    monkeypatch.setattr(sys, "argv", argv + ["--budget-minutes", "0.001"])
+    compare.main()
+    assert "left for a later call" in capsys.readouterr().out and not (tmp_path / "results" / "runs.jsonl").exists()
+    monkeypatch.setattr(sys, "argv", argv)
+    compare.main()
+    records = compare.load_runs(tmp_path / "results" / "runs.jsonl")
+    assert [(r["side"], r["script"], r["mode"], r["threads"]) for r in records] == [run[1:5] for run in order[:12]]
+    sps = {(r["side"], r["mode"], r["threads"]): r["sps"] for r in records}
+    assert [
+        sps["ours", "compile", 1],
+        sps["ours", "eager", "default"],
+        sps["leanrl", "compile", 2],
+        sps["leanrl", "eager", 1],
+    ] == [201, 102, 60, 30]
+    assert sps["cleanrl", "eager", 1] == pytest.approx(40, rel=1e-3)
+    assert all(
+        r["commit"] == commits[r["side"]] and r["patches"] and r["script_path"].startswith(r["side"])
+        for r in records[2:4]
+    )
+    assert (
+        records[2]["command"]
+        == f"OMP_NUM_THREADS=1 {PYTHON} leanrl/fake_compiled.py --learning-starts 200 --compile --seed 1"
+    )
+    table = (tmp_path / "results" / "compare.md").read_text()
+    assert (
+        "| fake, its default env | 202 (compile, its default threads) | 60 (compile, 1 thread) | 40 (eager, 1 thread) | 3.37x | 5.05x |"
+        in table
+    )
+    lines = (tmp_path / "results" / "runs.jsonl").read_text().splitlines()
+    (tmp_path / "results" / "runs.jsonl").write_text(
+        "\n".join(lines[:-2]) + "\n"
+    )  # a sweep cut off two runs before its end
+    capsys.readouterr()
+    compare.main()
+    assert [line for line in capsys.readouterr().out.splitlines() if " SPS" in line and "round 1:" in line] == [
+        "fake leanrl fake_plain eager 2 threads round 1: 30.0 SPS",
+        "fake cleanrl fake eager 2 threads round 1: 40.0 SPS",
+    ]  # only the two missing runs
+    assert [compare.run_key(r) for r in compare.load_runs(tmp_path / "results" / "runs.jsonl")] == [
+        compare.run_key(r) for r in records
+    ]
+
+
 def test_the_comparison_runs_the_jax_scripts_as_a_family_and_a_smoke_runs_each_sides_headline_once(
-    tmp_path, monkeypatch, capsys
+    fake_sides, tmp_path, monkeypatch, capsys
 ):
     """The JAX scripts of both projects beside ours: on a CPU each at XLA's default threads (the headline) and at
     one (XLA_FLAGS in its command), a script marked for CUDA only left out there; their steady SPS by the wall times
     of their logged points from the third after learning starts, so the JIT compilation and the speed LeanRL's log
     counts from before it are left out; the table's JAX column names the fastest. `--profile smoke` runs one round
     of every side's headline runs; a Python without jax leaves the JAX scripts out with one line."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import argparse
-
-    import compare
-    import references
-
-    ours_root = tmp_path / "ours"
-    (ours_root / "leanrl_scripts").mkdir(parents=True)
-    (ours_root / "leanrl_scripts" / "fake.py").write_text(FAKE_OURS_FOR_SPEED)
-    leanrl = fake_repository(tmp_path / "leanrl", {"leanrl/fake_jax.py": FAKE_LEANRL_JAX})
-    cleanrl = fake_repository(
-        tmp_path / "cleanrl", {"cleanrl/fake_jax.py": FAKE_CLEANRL_JAX, "cleanrl/fake_scan.py": FAKE_CLEANRL_JAX}
-    )
-    jax = (("LeanRL", "fake_jax"), ("CleanRL", "fake_jax"), ("CleanRL", "fake_scan", "cuda"))
-    flags = {"smoke": ["--learning-starts", "200"]}
-    monkeypatch.setattr(compare, "ROOT", str(ours_root))
-    monkeypatch.setattr(compare, "ROWS", {"fake": compare.Row("fake.py", "", "", "", flags, jax=jax)})
-    monkeypatch.setitem(references.REFERENCE_REPOS, "LeanRL", ("fake/leanrl", leanrl, "leanrl", []))
-    monkeypatch.setitem(references.REFERENCE_REPOS, "CleanRL", ("fake/cleanrl", cleanrl, "cleanrl", []))
-    monkeypatch.delenv("PYTHON", raising=False)
-
-    jax_runs = [run[2:5] for run in compare.plan(["fake"], rounds=1, cuda=False) if run[1] == "jax"]
+    _, argv = fake_sides
+    jax = [["LeanRL", "fake_jax"], ["CleanRL", "fake_jax"], ["CleanRL", "fake_scan", "cuda"]]
+    rows = fake_row(monkeypatch, jax=jax, smoke=["--learning-starts", "200"])
+    jax_runs = [run[2:5] for run in compare.plan(rows, ["fake"], rounds=1, cuda=False) if run[1] == "jax"]
     assert jax_runs == [
         (f"{project}/fake_jax", "jit", threads) for threads in ("default", 1) for project in ("leanrl", "cleanrl")
-    ]  # fmt: skip  (the headline tier first)
-    assert ("cleanrl/fake_scan", "jit", 1) in [run[2:5] for run in compare.plan(["fake"], rounds=1, cuda=True)]
-    smoke = compare.plan(["fake"], rounds=1, cuda=False, headline_only=True)
-    assert [run[1:5] for run in smoke] == [
-        ("ours", "fake.py", "eager", "default"),
-        ("ours", "fake.py", "compile", "default"),
-        ("jax", "leanrl/fake_jax", "jit", "default"),
-        ("jax", "cleanrl/fake_jax", "jit", "default"),
     ]
-
+    assert ("cleanrl/fake_scan", "jit", 1) in [run[2:5] for run in compare.plan(rows, ["fake"], rounds=1, cuda=True)]
+    smoke = compare.plan(rows, ["fake"], rounds=1, cuda=False, headline_only=True)
+    assert [run[1:4] for run in smoke] == [
+        ("ours", "fake.py", "eager"),
+        ("ours", "fake.py", "compile"),
+        ("jax", "leanrl/fake_jax", "jit"),
+        ("jax", "cleanrl/fake_jax", "jit"),
+    ]
     args = argparse.Namespace(profile="smoke", jax_python=sys.executable)
-    clones = {"cleanrl": str(tmp_path / "cleanrl")}
-    one_thread = compare.run_one(args, clones, "fake", "jax", "cleanrl/fake_jax", "jit", 1, limit=60)
+    one_thread = compare.run_one(
+        args, {"cleanrl": str(tmp_path / "cleanrl")}, rows, ("fake", "jax", "cleanrl/fake_jax", "jit", 1, 1), limit=60
+    )
     assert one_thread["sps"] == pytest.approx(500, rel=1e-3)
-    assert one_thread["command"].startswith(f"OMP_NUM_THREADS=1 XLA_FLAGS='{compare.XLA_ONE_THREAD}' ")
-
-    results = tmp_path / "results"
-    argv = ["compare.py", "--leanrl", str(tmp_path / "leanrl"), "--cleanrl", str(tmp_path / "cleanrl")]
-    monkeypatch.setattr(sys, "argv", argv + ["--profile", "smoke", "--results", str(results)])
+    assert one_thread["command"].startswith(f"OMP_NUM_THREADS=1 XLA_FLAGS='{compare.XLA_ONE_THREAD}' {PYTHON} cleanrl/")
+    monkeypatch.setattr(sys, "argv", argv + ["--profile", "smoke"])
     monkeypatch.setattr(compare, "missing_jax", lambda python: "jax, flax")
     compare.main()
     assert "lacks jax, flax: the JAX scripts are left out" in capsys.readouterr().out
-    assert [r["side"] for r in compare.load_runs(results / "runs.jsonl")] == ["ours", "ours"]
-
     monkeypatch.setattr(compare, "missing_jax", lambda python: "")
     compare.main()
-    records = {r["script"]: r for r in compare.load_runs(results / "runs.jsonl") if r["side"] == "jax"}
-    assert list(records) == ["leanrl/fake_jax", "cleanrl/fake_jax"] and all(r["round"] == 1 for r in records.values())
+    records = {r["script"]: r for r in compare.load_runs(tmp_path / "results" / "runs.jsonl")}
+    assert list(records) == ["fake.py", "leanrl/fake_jax", "cleanrl/fake_jax"] and {
+        r["round"] for r in records.values()
+    } == {1}
     assert 300 < records["leanrl/fake_jax"]["sps"] <= 1000  # 100 steps a 0.1 s sleep: not its logged 7, nor the JIT
-    assert records["cleanrl/fake_jax"]["sps"] == pytest.approx(2000, rel=1e-3)
-    assert "XLA_FLAGS" not in records["cleanrl/fake_jax"]["command"]
-    table = (results / "compare.md").read_text()
-    assert "| script | ours: best | LeanRL: best | CleanRL: best | JAX: best |" in table
     assert (
-        "| 202 (compile, its default threads) | - | - | 2000 (CleanRL's fake_jax, its default threads) | - | - "
-        "| 0.10x |" in table
+        records["cleanrl/fake_jax"]["sps"] == pytest.approx(2000, rel=1e-3)
+        and "XLA" not in records["cleanrl/fake_jax"]["command"]
     )
-    assert "JIT compilation" in table
-    assert "They ran at XLA's default threads only" in table  # a smoke runs no one-thread setting: the page says so
+    table = (tmp_path / "results" / "compare.md").read_text()
+    assert (
+        "| 202 (compile, its default threads) | - | - | 2000 (CleanRL's fake_jax, its default threads) | - | - | 0.10x |"
+        in table
+    )
+    assert "JIT compilation" in table and "They ran at XLA's default threads (its pool takes every core);" in table
 
 
 def test_the_readme_speed_tables_are_the_results_files():
-    """The README's comparison tables are what `benchmarks/collect.py --readme` makes of the results files: a number
-    typed by hand, or results that changed without the README, fail here."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import collect
-
+    """The README's comparison and learning tables are what `benchmarks/collect.py --readme` makes of the results
+    files: a number typed by hand, or results that changed without the README, fail here."""
     with open(os.path.join(ROOT, "README.md")) as f:
-        blocks = collect.README_BLOCK.findall(f.read())
-    assert {tag for _, tag, _, _ in blocks} == {"cpu-2core", "cpu-2core/compare-jax", "nvidia-h200"}
-    for _, tag, body, _ in blocks:
-        assert body == collect.readme_block(tag), f"README's {tag} table: run python benchmarks/collect.py --readme"
-    with open(os.path.join(ROOT, "README.md")) as f:
-        learning_blocks = collect.LEARNING_BLOCK.findall(f.read())
-    assert [tag for _, tag, _, _ in learning_blocks] == ["cpu-2core"]
-    for _, tag, body, _ in learning_blocks:
-        assert body == collect.learning_block(tag), f"README's {tag} learning table: run collect.py --readme"
-
-
-def test_a_run_the_comparison_stops_takes_its_child_processes_with_it(tmp_path, monkeypatch):
-    """A run past --run-timeout is recorded as stopped, and the processes it started (a compiler's workers) end with
-    it: nothing is left running."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import argparse
-
-    import compare
-
-    (tmp_path / "leanrl_scripts").mkdir()
-    (tmp_path / "leanrl_scripts" / "stuck.py").write_text(
-        "import subprocess, time\n"
-        "child = subprocess.Popen(['sleep', '60'])\n"
-        f"open({str(tmp_path / 'child.pid')!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(60)\n"
-    )
-    monkeypatch.setattr(compare, "ROOT", str(tmp_path))
-    monkeypatch.setattr(compare, "ROWS", {"stuck": compare.Row("stuck.py", "", "", "", {"smoke": []})})
-    args = argparse.Namespace(profile="smoke", python=sys.executable)
-    record = compare.run_one(args, {}, "stuck", "ours", "stuck.py", "eager", "default", limit=3)
-    assert record["sps"] is None and record["error"] == "stopped after 3 s"
-    child = int((tmp_path / "child.pid").read_text())
-    time.sleep(0.5)
-    stat = f"/proc/{child}/stat"
-    assert not os.path.exists(stat) or open(stat).read().split(")")[-1].split()[0] == "Z"  # gone, or dead unreaped
+        readme = f.read()
+    blocks = [(tag, body, collect.readme_block) for _, tag, body, _ in collect.README_BLOCK.findall(readme)]
+    blocks += [(tag, body, collect.learning_block) for _, tag, body, _ in collect.LEARNING_BLOCK.findall(readme)]
+    assert [tag for tag, _, _ in blocks] == ["nvidia-h200", "cpu-2core", "cpu-2core/compare-jax", "cpu-2core"]
+    for tag, body, make in blocks:
+        assert body == make(tag), f"README's {tag} table: run python benchmarks/collect.py --readme"
 
 
 @pytest.mark.slow
-def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps(tmp_path):
+def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps():
     """The reference scripts as upstream wrote them, where clones are given (LEANRL_CLONE and CLEANRL_CLONE, and
-    REFERENCE_PYTHON: a Python with stable-baselines3 and torchrl, else this one): every script the comparison and
-    the learning benchmark run, the JAX ones included, is read at its pinned commit, every patch finds its line and
-    the result parses; then DQN's reference runs (LeanRL plain and compiled, CleanRL, and with JAX_PYTHON both
-    dqn_jax.py) at the smoke budget each give a steady SPS, read the way compare.py reads it from the real logs."""
-    import argparse
+    REFERENCE_PYTHON: a Python with stable-baselines3 and torchrl, else this one): every script settings.toml names,
+    the JAX ones included, is read at its pinned commit, every patch finds its line and the result parses; then
+    DQN's reference runs (LeanRL plain and compiled, CleanRL, and with JAX_PYTHON both dqn_jax.py) at the smoke
+    budget each give a steady SPS, read the way compare.py reads it from the real logs."""
     import ast
-
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import compare
-    import learning
-    import references
 
     clones = {"LeanRL": os.environ.get("LEANRL_CLONE"), "CleanRL": os.environ.get("CLEANRL_CLONE")}
     for side, clone in clones.items():
@@ -910,26 +792,35 @@ def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps(tmp_
             pytest.skip(f"no clone of {side}: set {side.upper()}_CLONE to one (a plain git clone) to run this test")
         if problem := references.check_clone(side, clone):
             pytest.fail(problem)
-    rows = compare.ROWS.values()
-    scripts = {("LeanRL", name) for row in rows for name in (row.leanrl_plain, row.leanrl_compiled) if name}
-    scripts |= {("CleanRL", row.cleanrl) for row in rows} | {tuple(jax[:2]) for row in rows for jax in row.jax}
-    scripts |= {(side.split("-")[0], name) for pairs in learning.REFERENCES.values() for side, name in pairs}
-    assert ("CleanRL", "ppo_atari_envpool_xla_jax_scan") in scripts and ("LeanRL", "dqn_jax") in scripts
-    for side, name in sorted(scripts):
+    table = runner.settings()
+    rows = table["rows"]
+    named = [("LeanRL", name) for row in rows.values() for name in row.get("leanrl", [])]
+    named += [("CleanRL", row["cleanrl"]) for row in rows.values() if "cleanrl" in row]
+    named += [(side, name) for row in rows.values() for side, name, *_ in row.get("jax", [])]
+    named += [
+        (side.split("-")[0], name) for task in table["tasks"].values() for side, name in task.get("references", [])
+    ]
+    assert ("CleanRL", "ppo_atari_envpool_xla_jax_scan") in named and ("LeanRL", "dqn_jax") in named
+    for side, name in set(named):
         _, text, reasons = references.reference_script(side, name, clones[side])
-        ast.parse(text)
-        assert len(reasons) == 1 + len(references.REFERENCE_PATCHES.get(name, []))
-
+        assert ast.parse(text) and len(reasons) == 1 + len(references.REFERENCE_PATCHES.get(name, []))
     args = argparse.Namespace(profile="smoke", reference_python=os.environ.get("REFERENCE_PYTHON", sys.executable))
     args.jax_python = os.environ.get("JAX_PYTHON")
-    given = {"leanrl": clones["LeanRL"], "cleanrl": clones["CleanRL"]}
-    dqn = compare.ROWS["dqn"]
-    runs = [("leanrl", dqn.leanrl_plain, "eager"), ("leanrl", dqn.leanrl_compiled, "compile")]
-    runs += [("cleanrl", dqn.cleanrl, "eager")]
+    runs = [
+        ("leanrl", rows["dqn"]["leanrl"][0], "eager"),
+        ("leanrl", rows["dqn"]["leanrl"][1], "compile"),
+        ("cleanrl", "dqn", "eager"),
+    ]
     # with JAX_PYTHON (a Python with requirements/requirements-jax.txt), both projects' dqn_jax.py as well
-    runs += [("jax", f"{project.lower()}/{name}", "jit") for project, name in dqn.jax] * bool(args.jax_python)
+    runs += [("jax", f"{side.lower()}/{name}", "jit") for side, name in rows["dqn"]["jax"]] * bool(args.jax_python)
     for side, script, mode in runs:
-        record = compare.run_one(args, given, "dqn", side, script, mode, 1, limit=600)
-        assert record["sps"] and record["sps"] > 0, (script, record.get("error"))
-        project = "LeanRL" if "leanrl" in (side, script.split("/")[0]) else "CleanRL"
-        assert record["commit"] == references.REFERENCE_REPOS[project][1]
+        record = compare.run_one(
+            args,
+            {"leanrl": clones["LeanRL"], "cleanrl": clones["CleanRL"]},
+            rows,
+            ("dqn", side, script, mode, 1, 1),
+            limit=600,
+        )
+        assert record["sps"] > 0 and record["commit"] in (references.REFERENCE_REPOS[side][1] for side in clones), (
+            record
+        )

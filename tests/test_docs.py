@@ -45,6 +45,7 @@ OTHER_COMMANDS = {
     "--xla-cpu-multi-thread-eigen",  # an XLA flag, in XLA_FLAGS
     "--logdir",
     "--busy",
+    "--dry-run",
 }
 # "Flags every script has", but for these scripts, whose row names what they have instead.
 EXCEPT_IN = {"--num-envs": {"impala_ray.py", "ppo_atari_multigpu.py"}}  # actors; --local-num-envs per process

@@ -1,0 +1,142 @@
+"""What every benchmark tool shares: the settings table (settings.toml), the results folder of this machine, and one
+way to run a script, stop it with its children and read the summary it wrote.
+
+    settings()             settings.toml, read
+    flags(table, name, profile)   a row's or task's flags at a profile (None where it has no such budget)
+    run(command, workdir, ...)    start it in its own session, time it, stop it cleanly; its output and exit code
+    summary(stdout)        the run summary our scripts print last (their SPEED line)
+    record_command(...)    a command as a record keeps it: paths relative to the repository or the reference clone,
+                           the Python named by its version, so that a stranger can run it again
+"""
+
+import contextlib
+import functools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from typing import NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTINGS = os.path.join(ROOT, "benchmarks", "settings.toml")
+PROFILES = ("smoke", "quick", "full")
+MODES = ("eager", "compile", "cudagraphs", "compile+cudagraphs")
+
+
+def settings():
+    with open(SETTINGS, "rb") as f:
+        return tomllib.load(f)
+
+
+def flags(table, name, profile):
+    """The flags of `table`'s entry `name` at `profile`: its own, then its budget's (another entry's where `budget`
+    names one); None where that budget has no such profile."""
+    budget = table[table[name].get("budget", name)]
+    return None if profile not in budget else [*table[name].get("flags", []), *budget[profile]]
+
+
+def mode_flags(mode):
+    return ["--compile"] * ("compile" in mode) + ["--cudagraphs"] * ("cudagraphs" in mode)
+
+
+def machine_tag():
+    """The results folder's name: the GPU's, else cpu-<cores>core."""
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu-{os.cpu_count()}core"
+    return re.sub("[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def results_folder(given, *parts):
+    """`given`, else this machine's folder under benchmarks/results; made if missing."""
+    folder = given or os.path.join(ROOT, "benchmarks", "results", machine_tag(), *parts)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def add_arguments(parser):
+    """The flags the comparison and the learning benchmark share."""
+    parser.add_argument("--profile", choices=PROFILES, default="full")
+    parser.add_argument("--only", default="", help="comma-separated names of settings.toml's entries")
+    parser.add_argument("--results", help="default: benchmarks/results/<machine-tag>/<the tool's folder>")
+    parser.add_argument("--leanrl", metavar="CLONE", help="a clone of pytorch-labs/LeanRL")
+    parser.add_argument("--cleanrl", metavar="CLONE", help="a clone of vwxyzjn/cleanrl")
+    parser.add_argument("--reference-python", default=sys.executable, help="the Python that runs the references")
+    parser.add_argument("--jax-python", help="the Python that runs the JAX scripts (requirements/requirements-jax.txt)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+
+
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None with a note where it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        print("note: matplotlib is not installed (pip install '.[dev]'): no chart", file=sys.stderr)
+        return None
+    return plt
+
+
+class Ended(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    stopped: str | None  # why it was stopped before its end, None where it ended by itself
+
+
+def run(command, workdir, env=None, limit=None, stop_when=None, poll_seconds=30):
+    """Runs `command` in `workdir` in a session of its own, to its end; stops it once it has run `limit` seconds or
+    `stop_when()` (asked every `poll_seconds`) gives a reason: SIGTERM to its process group (ours then writes its
+    summary), SIGKILL a minute later. Whatever it started dies with it, on Ctrl-C too."""
+    with open(os.path.join(workdir, "stdout.txt"), "w+") as out, open(os.path.join(workdir, "stderr.txt"), "w+") as err:
+        started, stopped = time.time(), None
+        proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            while stopped is None:
+                waits = [poll_seconds] if stop_when else []
+                waits += [] if limit is None else [limit - (time.time() - started)]
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(min(waits), 0) if waits else None)
+                    break
+                if limit is not None and time.time() - started >= limit:
+                    stopped = f"after {limit:.0f} s"
+                elif stop_when:
+                    stopped = stop_when() or None
+            if stopped:
+                os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the group outlives its leader while a child lives
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0), err.seek(0)
+        return Ended(proc.returncode, out.read(), err.read(), time.time() - started, stopped)
+
+
+def summary(stdout):
+    """The summary our script printed last as `SPEED {json}`, or None."""
+    lines = [line for line in stdout.splitlines() if line.startswith("SPEED ")]
+    return json.loads(lines[-1][len("SPEED ") :]) if lines else None
+
+
+@functools.cache
+def python_name(python):
+    """`python` as a record names it: python3.11, say (the path is this machine's)."""
+    check = "import sys; print(f'python{sys.version_info[0]}.{sys.version_info[1]}')"
+    return subprocess.run([python, "-c", check], capture_output=True, text=True).stdout.strip() or "python"
+
+
+def record_command(python, words, env=None):
+    """The command as a record keeps it: `env`'s settings, the Python by its version, then `words` (the script as
+    the repository, ours, or the reference clone names it, and its flags)."""
+    settings = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+    return " ".join([*settings, python_name(python), *words])
