@@ -14,8 +14,8 @@ import torch
 
 def stacked_layers(sizes, stack=2):
     """Weights and biases of `stack` MLPs of `sizes`, stacked as the scripts' critic ensemble stacks them."""
-    weights = [torch.randn(stack, n_in, n_out, requires_grad=True) for n_in, n_out in zip(sizes, sizes[1:])]
-    return weights + [torch.randn(stack, 1, n_out, requires_grad=True) for n_out in sizes[1:]]
+    shapes = [*zip(sizes, sizes[1:]), *((1, n_out) for n_out in sizes[1:])]  # the weights', then the biases'
+    return [torch.randn(stack, *shape, requires_grad=True) for shape in shapes]
 
 
 def median_microseconds(step, params, calls=1000):
@@ -32,13 +32,14 @@ def median_microseconds(step, params, calls=1000):
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
+    torch.set_num_threads(int((sys.argv + ["1"])[1]))  # THREADS, 1 by default
     for name, sizes in (("SAC/TD3 critics, 23-256-256-1 x 2", [23, 256, 256, 1]), ("DQN, 4-120-84-2", [4, 120, 84, 2])):
-        params = stacked_layers(sizes)
-        copies = [param.detach().clone().requires_grad_() for param in params]
+        params, copies = stacked_layers(sizes), stacked_layers(sizes)
         fused = torch.optim.Adam(params, lr=torch.tensor(1e-3), fused=True)
         compiled = torch.compile(torch.optim.Adam(copies, lr=torch.tensor(1e-3), foreach=False).step)
         for _ in range(3):
             eager_us, compiled_us = median_microseconds(fused.step, params), median_microseconds(compiled, copies)
-            threads = torch.get_num_threads()
-            print(f"{name}, {threads} thread(s): fused eager {eager_us:.1f} us, compiled {compiled_us:.1f} us")
+            print(
+                f"{name}, {torch.get_num_threads()} thread(s): "
+                f"fused eager {eager_us:.1f} us, compiled {compiled_us:.1f} us"
+            )

@@ -18,6 +18,7 @@ import glob
 import json
 import math
 import os
+import pathlib
 import re
 import sys
 
@@ -29,98 +30,130 @@ ROOT = runner.ROOT
 LEARNING_BLOCK = re.compile(r"(<!-- learning:([\w.-]+) -->\n)(.*?)(<!-- /learning:\2 -->)", re.S)
 README_BLOCK = re.compile(r"(<!-- compare:([\w.-]+(?:/[\w.-]+)?) -->\n)(.*?)(<!-- /compare:\2 -->)", re.S)
 
-MODES = ["eager", "compile", "cudagraphs", "compile+cudagraphs"]
-MODE_COLORS = dict(zip(MODES, ["#888888", "#4c72b0", "#55a868", "#c44e52"]))  # a mode's colour in every panel
+# the modes in their order, each with its colour in every panel and its label there
+MODES = {
+    "eager": ("#888888", "eager"),
+    "compile": ("#4c72b0", "compile"),
+    "cudagraphs": ("#55a868", "graphs"),
+    "compile+cudagraphs": ("#c44e52", "comp.+\ngraphs"),
+}
+HEADER = (
+    "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s "
+    "| env time / env-only time |"
+)
+# the columns some scripts add to their table: {a key of their summaries: (the headers, a run's cells)}
+EXTRA_COLUMNS = {
+    # the LSTM script: what its padding costs
+    "padded_steps": (
+        "padded / real steps | peak memory MB",
+        lambda run: f"{run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f}",
+    ),
+    # DQN: gradient samples per inserted transition
+    "replay_ratio_target": (
+        "replay ratio achieved / target",
+        lambda run: f"{run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f}",
+    ),
+    # IMPALA: the actors' own ceiling, and how stale the data was
+    "actor_sps": (
+        "actors x envs | replayed | actor SPS | policy lag mean / max",
+        lambda run: (
+            f"{run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} "
+            f"| {fmt(run['actor_sps'])} | {fmt(run['policy_lag_mean'], '.1f')} / {fmt(run['policy_lag_max'])}"
+        ),
+    ),
+}
+ALONGSIDE = "ours, alongside"  # reference.json may give ours as measured beside the references, runs alternating
 
 
 def load(folder):
     """{name: {mode: summary}}, with the env-only measurement under the mode "env_only"."""
     results = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*__*.json"))):
-        name, mode = os.path.basename(path)[: -len(".json")].split("__", 1)
-        with open(path) as f:
-            text = f.read().strip()
-        if text:
+    for file in sorted(glob.glob("*__*.json", root_dir=folder)):
+        name, mode = file.removesuffix(".json").split("__", 1)
+        if text := pathlib.Path(f"{folder}/{file}").read_text().strip():
             results.setdefault(name, {})[mode] = json.loads(text)
     return results
+
+
+def read_json(path):
+    """The JSON in a file, None where there is no such file."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
 
 
 def fmt(value, spec=".0f"):
     return "n/a" if value is None else format(value, spec)
 
 
-def table(name, runs):
+def graphs_inactive(run):
+    return run["cudagraphs_requested"] and not run["cudagraphs_active"]
+
+
+def table(name, runs, references):
+    """A benchmark's table, a row per mode, then the reference scripts' speed where reference.json gives it."""
     env_only = runs.get("env_only", {}).get("env_only_sps")
     modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES) - {"env_only"})
     first = runs[modes[0]]
     eager_sps = runs.get("eager", {}).get("sps")
     threads = f", {first['torch_threads']} torch threads" if "torch_threads" in first else ""
-    envs = f"{first['num_envs']} env"
+    envs = first["num_envs"]
     if first.get("world_size", 1) > 1:  # torchrun's processes (ppo_atari_multigpu.py); torch threads are each one's
-        envs = f"{first['world_size']} processes x {first['local_num_envs']} env"
-    lines = [
-        f"### {name}: {first['script']} on {first['env_id']} ({envs}, {first['device']}, "
-        f"torch {first['torch_version']}{threads}, {first['total_timesteps']} steps)",
-        "",
-        "| mode | SPS | vs eager | return | env-only SPS | learner-bound SPS | SPS / lower ceiling | warm-up s "
-        "| env time / env-only time |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    padding = "padded_steps" in first  # the LSTM script: what its padding costs
-    if padding:
-        lines[-2] += " padded / real steps | peak memory MB |"
-        lines[-1] += " ---: | ---: |"
-    replay = "replay_ratio_target" in first  # DQN: gradient samples per inserted transition
-    if replay:
-        lines[-2] += " replay ratio achieved / target |"
-        lines[-1] += " ---: |"
-    actors = "actor_sps" in first  # IMPALA: the actors' own ceiling, and how stale the data was
-    if actors:
-        lines[-2] += " actors x envs | replayed | actor SPS | policy lag mean / max |"
-        lines[-1] += " ---: | ---: | ---: | ---: |"
+        envs = f"{first['world_size']} processes x {first['local_num_envs']}"
+    extra = [columns for key, columns in EXTRA_COLUMNS.items() if key in first]
+    header = HEADER + "".join(f" {headers} |" for headers, _ in extra)
+    text = (
+        f"### {name}: {first['script']} on {first['env_id']} ({envs} env, {first['device']}, "
+        f"torch {first['torch_version']}{threads}, {first['total_timesteps']} steps)\n\n"
+        f"{header}\n| --- |{' ---: |' * (header.count('|') - 2)}\n"
+    )
     for mode in modes:
         run = runs[mode]
-        sps = run["sps"]
-        learner_seconds = run["steady_seconds"] - run["env_seconds"]
-        if run.get("async_actor") or actors:  # the envs run in actor processes: the learner's bound is its busy time
-            learner_seconds = run["steady_seconds"] - run["learner_wait_seconds"]
-        learner_bound = run["steady_steps"] / learner_seconds if run["steady_steps"] and learner_seconds > 0 else None
-        ceiling = min((c for c in (env_only, learner_bound, run.get("actor_sps")) if c), default=None)
-        label = mode + (
-            " (graphs inactive: no CUDA)" if run["cudagraphs_requested"] and not run["cudagraphs_active"] else ""
+        steps = run["steady_steps"]
+        # the learner's busy time; with the envs in actor processes, all but its waits for them
+        learner_seconds = (
+            run["steady_seconds"]
+            - run["learner_wait_seconds" if run.get("async_actor") or "actor_sps" in first else "env_seconds"]
         )
-        # the env's time in the run against the env-only time of as many steps: above 1, the loop slows the env
-        env_ratio = run["env_seconds"] * env_only / run["steady_steps"] if env_only and run["steady_steps"] else None
-        lines.append(
-            f"| {label} | {fmt(sps)} | {fmt(sps / eager_sps, '.2f') + 'x' if sps and eager_sps else 'n/a'} "
+        learner_bound = steps / learner_seconds if steps and learner_seconds > 0 else None
+        ceiling = min(filter(None, (env_only, learner_bound, run.get("actor_sps"))), default=None)
+        # the last column: the env's time in the run against the env-only time of as many steps (above 1, the loop
+        # slows the env)
+        text += (
+            f"| {mode}{' (graphs inactive: no CUDA)' if graphs_inactive(run) else ''} | {fmt(run['sps'])} "
+            f"| {fmt(run['sps'] / eager_sps, '.2f') + 'x' if run['sps'] and eager_sps else 'n/a'} "
             f"| {fmt(run['return_mean'], '.1f')} | {fmt(env_only)} | {fmt(learner_bound)} "
-            f"| {fmt(sps / ceiling if sps and ceiling else None, '.2f')} | {fmt(run['warmup_seconds'], '.1f')} "
-            f"| {fmt(env_ratio, '.2f')} |"
-            + (f" {run['padded_steps'] / run['real_steps']:.2f} | {run['peak_memory_mb']:.0f} |" if padding else "")
-            + (f" {run['replay_ratio_achieved']:.2f} / {run['replay_ratio_target']:.2f} |" if replay else "")
-            + (
-                f" {run['num_actors']} x {run['envs_per_actor']} | {run['replay_ratio']:.2f} | {fmt(run['actor_sps'])} "
-                f"| {fmt(run['policy_lag_mean'], '.1f')} / {fmt(run['policy_lag_max'])} |"
-                if actors
-                else ""
-            )
+            f"| {fmt(run['sps'] / ceiling if run['sps'] and ceiling else None, '.2f')} "
+            f"| {fmt(run['warmup_seconds'], '.1f')} "
+            f"| {fmt(run['env_seconds'] * env_only / steps if env_only and steps else None, '.2f')} |"
+            f"{''.join(f' {cells(run)} |' for _, cells in extra)}\n"
         )
-    return "\n".join(lines)
-
-
-ALONGSIDE = "ours, alongside"  # reference.json may give ours as measured beside the references, runs alternating
+    if name in references:
+        text += f"\n{reference_line(references[name])}\n"
+    return text
 
 
 def reference_line(references):
     """The reference scripts' speed beside ours, the comparison the tables exist for. Not divided into the table's
     runs: they were measured apart from them; the ratio is to ours measured alongside them, where given."""
-    scripts = {label: sps for label, sps in references.items() if label != ALONGSIDE}
-    line = "Reference scripts on this kind of machine: " + ", ".join(
-        f"{label} {sps:.0f} SPS" for label, sps in scripts.items()
-    )
+    scripts = ", ".join(f"{label} {sps:.0f} SPS" for label, sps in references.items() if label != ALONGSIDE)
+    alongside = ""
     if ALONGSIDE in references:
-        line += f" (ours measured alongside, alternating runs: {references[ALONGSIDE]:.0f} SPS)"
-    return line + "."
+        alongside = f" (ours measured alongside, alternating runs: {references[ALONGSIDE]:.0f} SPS)"
+    return f"Reference scripts on this kind of machine: {scripts}{alongside}."
+
+
+def update_phase(phase):
+    """PPO-LSTM's update phase, timed by benchmarks/ppo_lstm.sh (lstm_update.json), as a table."""
+    return (
+        f"\n### PPO-LSTM update phase: one minibatch ({phase['env_rows']} env rows x {phase['num_steps']} steps, "
+        f"{phase['episode_starts']} episode starts, "
+        f"padded/real steps {phase['padded_steps'] / phase['real_steps']:.1f})\n\n"
+        "| CNN only ms | padded ms | loop ms | padded / CNN only | loop / padded |\n"
+        "| ---: | ---: | ---: | ---: | ---: |\n"
+        f"| {phase['cnn_only']:.1f} | {phase['padded']:.1f} | {phase['loop']:.1f} "
+        f"| {phase['padded'] / phase['cnn_only']:.2f} | {phase['loop'] / phase['padded']:.2f} |\n"
+    )
 
 
 def chart(results, references, path):
@@ -129,50 +162,44 @@ def chart(results, references, path):
     if not (plt := runner.pyplot()):
         return
     columns = min(3, len(results))
-    rows = math.ceil(len(results) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(7.5, 2.4 * rows), squeeze=False)
-    short = {"eager": "eager", "compile": "compile", "cudagraphs": "graphs", "compile+cudagraphs": "comp.+\ngraphs"}
-    inactive = False
-    for ax, (name, runs) in zip(axes.flat, results.items()):
-        modes = [m for m in MODES if m in runs]
-        labels = [
-            short[m] + ("*" if runs[m]["cudagraphs_requested"] and not runs[m]["cudagraphs_active"] else "")
-            for m in modes
-        ]
-        inactive = inactive or any(label.endswith("*") for label in labels)
-        refs = references.get(name, {})
-        values = [runs[m]["sps"] or 0 for m in modes] + list(refs.values())
-        ours_there = [label == ALONGSIDE for label in refs]
-        colors = [MODE_COLORS[m] for m in modes] + ["#dddddd" if o else "white" for o in ours_there]
-        bars = ax.bar(
-            range(len(values)),
-            values,
-            color=colors,
-            edgecolor="black",
-            linewidth=0.5,
-            hatch=[""] * len(modes) + ["" if o else "///" for o in ours_there],
+    rows = math.ceil(len(results) / 3)
+    # every text but the titles and the axis label at 6 points; room above the bars for their labels
+    with plt.rc_context({"font.size": 6, "axes.ymargin": 0.15}):
+        fig = plt.figure(figsize=(7.5, 2.4 * rows))
+        inactive = False
+        for index, (name, runs) in enumerate(results.items()):
+            ax = fig.add_subplot(rows, columns, index + 1)
+            modes = [m for m in MODES if m in runs]
+            inactive = inactive or any(graphs_inactive(runs[m]) for m in modes)
+            bars = [
+                (f"{MODES[m][1]}{'*' if graphs_inactive(runs[m]) else ''}", runs[m]["sps"] or 0, MODES[m][0], "")
+                for m in modes
+            ]
+            bars += [
+                (
+                    label.replace(" ", "\n", 1),
+                    sps,
+                    "#dddddd" if label == ALONGSIDE else "white",
+                    "" if label == ALONGSIDE else "///",
+                )
+                for label, sps in references.get(name, {}).items()
+            ]
+            labels, values, colors, hatches = zip(*bars)
+            ax.bar_label(
+                ax.bar(labels, values, color=colors, edgecolor="black", linewidth=0.5, hatch=hatches), fmt="%.0f"
+            )
+            if len(bars) > 4:  # five labels side by side already run into each other
+                plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
+            ax.set_title(f"{name}: {runs[modes[0]]['env_id']}, {runs[modes[0]]['device']}", fontsize=7)
+        fig.axes[0].set_ylabel("env steps / s", fontsize=7)
+        fig.text(
+            0.01,
+            0.003,
+            "hatched: reference scripts, same kind of machine; light grey: ours measured alongside them"
+            f"{'; *: CUDA graphs requested, inactive without CUDA' if inactive else ''}",
         )
-        ax.bar_label(bars, fmt="%.0f", fontsize=6)
-        crowded = len(values) > 4  # five labels side by side already run into each other
-        ax.set_xticks(
-            range(len(values)),
-            labels + [label.replace(" ", "\n", 1) for label in refs],
-            fontsize=6,
-            rotation=40 if crowded else 0,
-            ha="right" if crowded else "center",
-        )
-        ax.set_title(f"{name}: {runs[modes[0]]['env_id']}, {runs[modes[0]]['device']}", fontsize=7)
-        ax.tick_params(axis="y", labelsize=6)
-        ax.margins(y=0.15)
-    for ax in axes.flat[len(results) :]:
-        ax.axis("off")
-    axes[0][0].set_ylabel("env steps / s", fontsize=7)
-    footnote = "hatched: reference scripts, same kind of machine; light grey: ours measured alongside them"
-    fig.text(
-        0.01, 0.003, footnote + ("; *: CUDA graphs requested, inactive without CUDA" if inactive else ""), fontsize=6
-    )
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    fig.savefig(path, dpi=120)
+        fig.tight_layout(rect=(0, 0.02, 1, 1))
+        fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
@@ -181,78 +208,51 @@ def main(folder):
     if not results:
         print(f"error: no NAME__MODE.json summaries in {folder}", file=sys.stderr)
         return 2
-    references = {}
-    if os.path.exists(os.path.join(folder, "reference.json")):
-        with open(os.path.join(folder, "reference.json")) as f:
-            references = {name: sps for name, sps in json.load(f).items() if name in results}
-    markdown = (
-        "\n\n".join(
-            table(name, runs) + (f"\n\n{reference_line(references[name])}" if name in references else "")
-            for name, runs in results.items()
-        )
-        + "\n"
-    )
-    update_path = os.path.join(folder, "lstm_update.json")  # written by benchmarks/ppo_lstm.sh
-    if os.path.exists(update_path):
-        with open(update_path) as f:
-            phase = json.load(f)
-        markdown += (
-            f"\n### PPO-LSTM update phase: one minibatch ({phase['env_rows']} env rows x {phase['num_steps']} steps, "
-            f"{phase['episode_starts']} episode starts, "
-            f"padded/real steps {phase['padded_steps'] / phase['real_steps']:.1f})\n\n"
-            "| CNN only ms | padded ms | loop ms | padded / CNN only | loop / padded |\n"
-            "| ---: | ---: | ---: | ---: | ---: |\n"
-            f"| {phase['cnn_only']:.1f} | {phase['padded']:.1f} | {phase['loop']:.1f} "
-            f"| {phase['padded'] / phase['cnn_only']:.2f} | {phase['loop'] / phase['padded']:.2f} |\n"
-        )
-    profile = os.environ.get("BENCH_PROFILE")  # set by run.sh: say which command made these numbers
-    if profile:
+    references = read_json(f"{folder}/reference.json") or {}
+    markdown = "\n".join(table(name, runs, references) for name, runs in results.items())
+    if phase := read_json(f"{folder}/lstm_update.json"):  # written by benchmarks/ppo_lstm.sh
+        markdown += update_phase(phase)
+    if profile := os.environ.get("BENCH_PROFILE"):  # set by run.sh: say which command made these numbers
         command = "./run.sh" if profile == "full" else f"./run.sh --{profile}"
-        markdown = f"Made by `{command}` (budgets in benchmarks/settings.toml).\n\n" + markdown
-    with open(os.path.join(folder, "speed.md"), "w") as f:
-        f.write(markdown)
-    chart(results, references, os.path.join(folder, "speed.png"))
+        markdown = f"Made by `{command}` (budgets in benchmarks/settings.toml).\n\n{markdown}"
+    pathlib.Path(f"{folder}/speed.md").write_text(markdown)
+    chart(results, references, f"{folder}/speed.png")
     print(markdown, end="")
     return 0
 
 
 def readme_block(tag):
     """The README's comparison table of the machine whose results are in benchmarks/results/TAG/compare."""
-    folder = os.path.join("benchmarks", "results", tag if "/" in tag else os.path.join(tag, "compare"))
-    records = compare.load_runs(os.path.join(ROOT, folder, "runs.jsonl"))
-    counts = sorted({count for _, count in compare.medians(records).values()}) or [0]
-    runs = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
-    lines = [
-        f"{compare.each(records, 'machine')}; {compare.each(records, 'date')}; steady SPS, "
-        + ("one run per setting" if counts[-1] == 1 else f"the median of each setting's {runs} runs")
-        + ", alternating, each side at its best mode and threads "
-        f"([every run, the versions and the patches]({folder}/compare.md)):",
-        "",
-        *compare.best_settings(records)[0],
-    ]
-    return "\n".join(lines) + "\n"
+    folder = f"benchmarks/results/{tag if '/' in tag else tag + '/compare'}"
+    records = compare.load_runs(f"{ROOT}/{folder}/runs.jsonl")
+    counts = {count for _, count in compare.medians(records).values()} or {0}
+    runs = f"{min(counts)}" if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
+    spread = "one run per setting" if max(counts) == 1 else f"the median of each setting's {runs} runs"
+    return (
+        f"{compare.each(records, 'machine')}; {compare.each(records, 'date')}; steady SPS, {spread}, alternating, "
+        f"each side at its best mode and threads ([every run, the versions and the patches]({folder}/compare.md)):\n\n"
+        + "".join(f"{line}\n" for line in compare.best_settings(records)[0])
+    )
 
 
 def learning_block(tag):
     """The README's learning table of the machine whose runs are in benchmarks/results/TAG/learning/runs."""
-    folder = os.path.join("benchmarks", "results", tag, "learning")
-    return "\n".join(learning_tables.readme_table(os.path.join(ROOT, folder))) + "\n"
+    return learning_tables.readme_table(f"{ROOT}/benchmarks/results/{tag}/learning")
 
 
 def update_readme(path=None):
-    path = path or os.path.join(ROOT, "README.md")
-    with open(path) as f:
-        text = f.read()
-    text = README_BLOCK.sub(lambda m: m.group(1) + readme_block(m.group(2)) + m.group(4), text)
-    text = LEARNING_BLOCK.sub(lambda m: m.group(1) + learning_block(m.group(2)) + m.group(4), text)
-    with open(path, "w") as f:
-        f.write(text)
+    path = pathlib.Path(path or f"{ROOT}/README.md")
+    text = README_BLOCK.sub(lambda m: f"{m[1]}{readme_block(m[2])}{m[4]}", path.read_text())
+    path.write_text(LEARNING_BLOCK.sub(lambda m: f"{m[1]}{learning_block(m[2])}{m[4]}", text))
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--readme"]:
-        sys.exit(update_readme())
-    if len(sys.argv) > 2 or sys.argv[1:2] in (["-h"], ["--help"]):
-        print("usage: python benchmarks/collect.py [RESULTS_FOLDER] | --readme", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(sys.argv[1] if sys.argv[1:] else runner.results_folder(None)))
+    match sys.argv[1:]:
+        case ["--readme"]:
+            sys.exit(update_readme())
+        case []:
+            sys.exit(main(runner.results_folder(None)))
+        case [folder] if folder not in ("-h", "--help"):
+            sys.exit(main(folder))
+    print("usage: python benchmarks/collect.py [RESULTS_FOLDER] | --readme", file=sys.stderr)
+    sys.exit(2)

@@ -22,7 +22,6 @@ scripts' from the wall times of their logged points, from the third after learni
 """
 
 import argparse
-import glob
 import json
 import os
 import platform
@@ -103,50 +102,33 @@ def steady_sps(points, learning_starts):
     """Steps per second between the third logged point after learning starts and the last, by the points' wall
     times: what a script logs as it goes, less its random steps and the first updates (a JIT compilation, a
     compiled graph's first call); None with fewer than two such points."""
-    points = [(step, wall) for step, wall in points if step > learning_starts][2:]
+    points = [point for point in points if point[0] > learning_starts][2:]
     if len(points) < 2 or points[-1][1] <= points[0][1]:
         return None
     return (points[-1][0] - points[0][0]) / (points[-1][1] - points[0][1])
 
 
-def cleanrl_steady_sps(workdir, learning_starts):
-    """CleanRL's steady SPS, by the wall times of its TensorBoard SPS points (its own SPS figure counts from the
-    start, random steps and all)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    if not (folders := glob.glob(os.path.join(workdir, "runs", "*"))):
-        return None
-    events = EventAccumulator(folders[0], size_guidance={"scalars": 0})
-    events.Reload()
-    if "charts/SPS" not in events.Tags()["scalars"]:
-        return None
-    return steady_sps([(p.step, p.wall_time) for p in events.Scalars("charts/SPS")], learning_starts)
-
-
-def leanrl_steady_sps(workdir, learning_starts=None):
-    """The last speed LeanRL's script logged: steps per second since its burn-in. Its JAX scripts start that clock
-    before their first update, and so count its JIT compilation: for them (`learning_starts` given), the wall times
-    of the logged points as for CleanRL's, and the logged speed only where too few points came after learning
-    started (its PPO logs every tenth iteration, and its burn-in of three iterations leaves compilation out)."""
-    if not os.path.exists(path := os.path.join(workdir, "wandb_log.jsonl")):
-        return None
-    with open(path) as f:
-        rows = [row for row in map(json.loads, f) if "speed" in row]
-    timed = steady_sps([(row["step"], row["seconds"]) for row in rows], learning_starts or 0)
-    if learning_starts is not None and timed:
-        return timed
-    return rows[-1]["speed"] if rows else None
+def reference_sps(workdir, jax, learning_starts):
+    """A reference's steady SPS. CleanRL's scripts: by the wall times of their TensorBoard SPS points (their own
+    figure counts from the start, random steps and all). LeanRL's: the last speed they logged, steps per second
+    since their burn-in; their JAX scripts start that clock before the first update, and so count its JIT
+    compilation: for them, the wall times of the logged points as for CleanRL's, and the logged speed only where too
+    few points came after learning started (their PPO logs every tenth iteration, and its burn-in of three
+    iterations leaves compilation out)."""
+    logged = runner.Logs(workdir).read()
+    if "wandb/speed" not in logged:
+        return steady_sps(logged.get("charts/SPS", []), learning_starts)
+    return jax and steady_sps(logged["wandb/speed"], learning_starts) or logged["wandb/speed"][-1][2]
 
 
 def command(args, rows, run):
-    """(the Python, the script as the repository or its clone names it, its flags, the environment's settings) of
-    one of `plan`'s runs."""
+    """(the Python, the words after it: the script as the repository or its clone names it and its flags, the
+    environment's settings) of one of `plan`'s runs."""
     name, side, script, mode, threads = run[:5]
-    flags, settings = runner.flags(rows, name, args.profile), {}
     if side == "ours":
-        flags += ["--eval-episodes", "0"] + ["--torch-threads", str(threads)] * (threads != "default")
-        return args.python, f"leanrl_scripts/{script}", [*flags, *runner.mode_flags(mode), "--seed", "1"], settings
-    project = PROJECT[script.split("/")[0] if side == "jax" else side]
+        extra = ["--torch-threads", str(threads)] * (threads != "default") + runner.mode_flags(mode)
+        return args.python, runner.our_command(rows, name, args.profile, *extra), {}
+    flags, settings = runner.flags(rows, name, args.profile), {}
     if "reference_env" in rows[name]:
         flags[flags.index("--env-id") + 1] = rows[name]["reference_env"]
     if threads != "default":
@@ -154,30 +136,30 @@ def command(args, rows, run):
     if side == "jax" and threads == 1:
         settings["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_ONE_THREAD}".strip()
     python = args.jax_python if side == "jax" else args.reference_python
-    script = f"{REFERENCE_REPOS[project][2]}/{script.split('/')[-1]}.py"
-    return python, script, [*flags, *runner.mode_flags(mode), "--seed", "1"], settings
+    script = (
+        f"{REFERENCE_REPOS[PROJECT[script.split('/')[0] if side == 'jax' else side]][2]}/{script.split('/')[-1]}.py"
+    )
+    return python, [script, *flags, *runner.mode_flags(mode), "--seed", "1"], settings
 
 
 def run_one(args, clones, rows, run, limit):
     """One run in a scratch folder; its record (sps None with the reason when it gave none)."""
-    python, script, flags, settings = command(args, rows, run)
+    python, words, settings = command(args, rows, run)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     env.update(settings, MUJOCO_GL="disable")  # no run renders; an inherited MUJOCO_GL=egl without EGL fails
-    record = {"command": runner.record_command(python, [script, *flags], settings)}
-    project, path = script.split("/")[0], os.path.join(runner.ROOT, script)
+    record = {"command": runner.record_command(python, words, settings), "packages": package_versions(python)}
+    starts = int(words[words.index("--learning-starts") + 1]) if "--learning-starts" in words else 0
     with tempfile.TemporaryDirectory() as workdir:
-        if run[1] != "ours":
-            path, found = write_reference(PROJECT[project], os.path.basename(script)[:-3], clones[project], workdir)
-            record.update(found, script_path=found.pop("script"))
-        ended = runner.run([python, path, *flags], workdir, env, limit)
-        starts = int(flags[flags.index("--learning-starts") + 1]) if "--learning-starts" in flags else 0
         if run[1] == "ours":
+            ended = runner.run([python, os.path.join(runner.ROOT, words[0]), *words[1:]], workdir, env, limit)
             summary = runner.summary(ended.stdout) or {}
             record.update({key: summary.get(key) for key in ("sps", "warmup_seconds", "torch_threads", "device")})
-        elif project == "leanrl":
-            record["sps"] = leanrl_steady_sps(workdir, starts if run[1] == "jax" else None)
         else:
-            record["sps"] = cleanrl_steady_sps(workdir, starts)
+            project = words[0].split("/")[0]
+            path, found = write_reference(PROJECT[project], os.path.basename(words[0])[:-3], clones[project], workdir)
+            record.update(found, script_path=found.pop("script"))
+            ended = runner.run([python, path, *words[1:]], workdir, env, limit)
+            record["sps"] = reference_sps(workdir, run[1] == "jax", starts)
     record["seconds"] = ended.seconds
     tail = [line for line in ended.stderr.strip().splitlines() if "Warning" not in line][-2:]
     if ended.stopped or ended.returncode or not record["sps"]:
@@ -338,8 +320,7 @@ def main():
     runs = [run for run in runs if run[1] in args.sides.split(",")]
     if args.dry_run:
         for run in runs:
-            python, script, flags, settings = command(args, rows, run)
-            print(runner.record_command(python, [script, *flags], settings))
+            print(runner.record_command(*command(args, rows, run)))
         return
     folder = runner.results_folder(args.results, "compare")
     records = load_runs(os.path.join(folder, "runs.jsonl"))
@@ -354,12 +335,9 @@ def sweep(args, rows, runs, clones, path, records, cuda):
     """Runs what `runs` holds and `records` lacks, appending each run's record to `path` as it ends."""
     done = {run_key(r) for r in records}
     commit = subprocess.run(["git", "-C", runner.ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    # a reference's record takes its own commit from run_one
     shared = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "device": "cuda" if cuda else "cpu"}
-    sides = {
-        "ours": {"commit": commit.strip() or "unknown", "packages": package_versions(args.python)},
-        "jax": {"packages": package_versions(args.jax_python)},
-        "references": {"packages": package_versions(args.reference_python)},
-    }
+    shared["commit"] = commit.strip() or "unknown"
     if any(run[1] == "jax" for run in runs) and (missing := missing_jax(args.jax_python)):
         print(f"note: {args.jax_python} lacks {missing}: the JAX scripts are left out "
               "(requirements/requirements-jax.txt, --jax-python)", flush=True)  # fmt: skip
@@ -378,8 +356,7 @@ def sweep(args, rows, runs, clones, path, records, cuda):
             print(f"{name} {side} {script} {mode} round {round_index}: left for a later call", flush=True)
             continue
         limit = min([limit for limit in (left, args.run_timeout) if limit is not None], default=None)
-        record = {**dict(zip(KEY, (*run, args.profile))), **shared, **sides.get(side, sides["references"])}
-        record.update(run_one(args, clones, rows, run, limit))
+        record = {**dict(zip(KEY, (*run, args.profile))), **shared, **run_one(args, clones, rows, run, limit)}
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
         records.append(record)

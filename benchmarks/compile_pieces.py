@@ -8,11 +8,12 @@ so its backward (compiled with it, or eager) and the Adam step are in its row.
 """
 
 import argparse
+import itertools
 import os
-import runpy
 import statistics
-import sys
 import time
+
+import runner
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the run (0: the script's choice)")
@@ -27,8 +28,8 @@ import torch  # noqa: E402  (after OMP_NUM_THREADS)
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
 real_compile = torch.compile
-pieces = []
-pending = []  # the call being timed: [piece, compiled or not, start, end]
+pieces = []  # (name, eager times, compiled times) of each piece
+pending = []  # the call being timed: [the times it joins (none while skipped), start, end]
 
 
 def now():
@@ -39,14 +40,13 @@ def now():
 
 def close_pending():
     if pending:
-        piece, use_compiled, start, end = pending.pop()
-        if piece["calls"] > args.skip:
-            piece["compiled" if use_compiled else "eager"].append(end - start)
+        times, start, end = pending.pop()
+        times.append(end - start)
 
 
-def step_taken(optimizer, step_args, step_kwargs):  # an optimizer step ends the timed call of the loss before it
+def step_taken(*_):  # an optimizer step (a post-hook's arguments unused) ends the timed call of the loss before it
     if pending:
-        pending[0][3] = now()
+        pending[0][2] = now()
 
 
 register_optimizer_step_post_hook(step_taken)
@@ -57,36 +57,30 @@ def alternating_compile(fn=None, disable=False, **options):
         return lambda f: alternating_compile(f, disable=disable, **options)
     if disable:
         return fn
-    compiled = real_compile(fn, **options)
-    piece = {"name": getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__), "calls": 0}
-    piece.update(eager=[], compiled=[])
-    pieces.append(piece)
+    eager, compiled = [], []
+    pieces.append((getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__), eager, compiled))
+    versions = [(fn, eager), (real_compile(fn, **options), compiled)]
+    calls = itertools.count(1)
 
     def call(*call_args, **call_kwargs):
         close_pending()
-        piece["calls"] += 1
-        use_compiled = piece["calls"] % 2 == 0
+        n = next(calls)
+        version, times = versions[n % 2 == 0]  # eager first, then in turn
         start = now()
-        out = (compiled if use_compiled else fn)(*call_args, **call_kwargs)
-        pending.append([piece, use_compiled, start, now()])
+        out = version(*call_args, **call_kwargs)
+        pending.append([times if n > args.skip else [], start, now()])
         return out
 
     return call
 
 
 torch.compile = alternating_compile
-sys.argv = [args.script, *args.script_args]
-sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py`: the module beside it
-try:
-    runpy.run_path(args.script, run_name="__main__")
-except SystemExit as stop:
-    if stop.code:
-        raise
+runner.run_script(args.script, args.script_args)
 close_pending()
 print(f"\n{os.path.basename(args.script)} {' '.join(args.script_args)}, {torch.get_num_threads()} thread(s)")
 print("| piece | calls timed | eager ms | compiled ms | compiled / eager |\n| --- | ---: | ---: | ---: | ---: |")
-for piece in pieces:
-    if piece["eager"] and piece["compiled"]:
-        eager, compiled = (statistics.median(piece[k]) * 1e3 for k in ("eager", "compiled"))
-        timed = len(piece["eager"]) + len(piece["compiled"])
-        print(f"| {piece['name']} | {timed} | {eager:.3f} | {compiled:.3f} | {compiled / eager:.2f} |")
+for name, eager, compiled in pieces:
+    if eager and compiled:
+        timed = len(eager) + len(compiled)
+        eager_ms, compiled_ms = statistics.median(eager) * 1e3, statistics.median(compiled) * 1e3
+        print(f"| {name} | {timed} | {eager_ms:.3f} | {compiled_ms:.3f} | {compiled_ms / eager_ms:.2f} |")

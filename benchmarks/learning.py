@@ -31,45 +31,15 @@ only.
 """
 
 import argparse
-import glob
 import json
 import os
 import sys
 import tempfile
 import time
 
-import numpy as np
-
 import learning_tables
 import runner
 from references import REFERENCE_REPOS, check_clones, package_versions, write_reference
-
-
-def tensorboard_scalars(events, started, tag="charts/episodic_return"):
-    """(steps, seconds since `started` (the command's time), returns) of every training episode the run logged to
-    TensorBoard (or the values of `tag`), and its losses/* scalars as {tag: [[step, value], ...]}: `events` (an
-    EventAccumulator of the run's folder) reads what was written since its last call."""
-    events.Reload()
-    tags = events.Tags()["scalars"]
-    losses = {
-        name: [[row.step, row.value] for row in events.Scalars(name)] for name in tags if name.startswith("losses/")
-    }
-    if tag not in tags:
-        return [], [], [], losses
-    rows = events.Scalars(tag)
-    return [row.step for row in rows], [row.wall_time - started for row in rows], [row.value for row in rows], losses
-
-
-def logged_running_means(workdir, started):
-    """(steps, seconds since `started`, values) of the stub's wandb log: LeanRL's running mean of the last 20
-    episodes."""
-    rows = []
-    if os.path.exists(os.path.join(workdir, "wandb_log.jsonl")):
-        with open(os.path.join(workdir, "wandb_log.jsonl")) as f:
-            rows = [row for row in map(json.loads, f) if np.isfinite(row.get("episode_return", np.nan))]
-    times = [row["time"] - started for row in rows]
-    return [row["step"] for row in rows], times, [row["episode_return"] for row in rows]
-
 
 # what a reference logs in place of each episode's return: LeanRL's scripts a running mean of the last 20 episodes
 # (to wandb); the projects' JAX PPO the mean of each env's last game, every iteration (CleanRL's
@@ -78,40 +48,28 @@ LOGGED_RETURNS = {
     "ppo_atari_envpool_xla_jax": "mean of each env's last game (the JAX PPO scripts' log)",
     None: "running mean of the last 20 episodes (LeanRL's wandb log)",
 }
+POLL_SECONDS = 30
 
 
 class Curve:
-    """What a run of `script` in `workdir` has logged so far, read as it runs: its TensorBoard folder's training
-    episodes (read on from where the last call stopped), else what it logs in their place (LOGGED_RETURNS)."""
+    """What a run of `script` in `workdir` has logged so far, as a record keeps it, read as it runs: its training
+    episodes, else what it logs in their place (LOGGED_RETURNS), and its losses/* scalars."""
 
     def __init__(self, workdir, started, script=None):
-        self.workdir, self.started, self.events = workdir, started, None
+        self.logs, self.started = runner.Logs(workdir), started
         self.logged_kind = LOGGED_RETURNS.get(script, LOGGED_RETURNS[None])
 
     def read(self):
         """The record's curve: steps, seconds since the command, returns and losses (and returns_kind if logged)."""
-        if self.events is None and (folders := glob.glob(os.path.join(self.workdir, "runs", "*"))):
-            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-            self.events = EventAccumulator(folders[0], size_guidance={"scalars": 0})
-        scalars = tensorboard_scalars(self.events, self.started) if self.events else ([], [], [], {})
-        curve = dict(zip(("steps", "seconds", "returns", "losses"), scalars), seconds_from="command")
-        if curve["returns"]:
-            return curve
-        steps, seconds, returns = [], [], []
-        if self.events:  # the JAX PPO scripts log no episode, only each env's last game averaged
-            steps, seconds, returns, _ = tensorboard_scalars(self.events, self.started, "charts/avg_episodic_return")
-        if not returns and os.path.exists(os.path.join(self.workdir, "wandb_log.jsonl")):
-            steps, seconds, returns = logged_running_means(self.workdir, self.started)
-        if not returns:
-            return curve
-        return {**curve, "steps": steps, "seconds": seconds, "returns": returns, "returns_kind": self.logged_kind}
-
-
-POLL_SECONDS = 30
-
-
-POLL_SECONDS = 30
+        logged = self.logs.read()
+        losses = {tag: [[step, value] for step, _, value in logged[tag]] for tag in logged if tag.startswith("losses/")}
+        # the JAX PPO scripts log no episode, only each env's last game averaged
+        tags = [tag for tag in ("charts/episodic_return", "charts/avg_episodic_return", "wandb/episode_return")]
+        tag = next((tag for tag in tags if tag in logged), None)
+        points = logged.get(tag, [])
+        curve = {"steps": [p[0] for p in points], "seconds": [p[1] - self.started for p in points]}
+        curve.update(returns=[p[2] for p in points], losses=losses, seconds_from="command")
+        return curve if tag in (None, tags[0]) else {**curve, "returns_kind": self.logged_kind}
 
 
 def words(table, task, side, profile):

@@ -16,9 +16,9 @@ import argparse
 import cProfile
 import os
 import pstats
-import runpy
-import sys
 import time
+
+import runner
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=1)
@@ -35,23 +35,13 @@ import torch  # noqa: E402  (after OMP_NUM_THREADS)
 
 def matmul_peak(n=1024, reps=20):
     """GFLOP/s of a large float32 matmul at this thread count: the ceiling of the learner's kernels."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(2, n, n)
     for _ in range(3):
         a @ b
     start = time.perf_counter()
     for _ in range(reps):
         a @ b
     return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
-
-
-def run_script():
-    sys.argv = [args.script, *args.script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py`: the module beside it
-    try:
-        runpy.run_path(args.script, run_name="__main__")
-    except SystemExit as stop:
-        if stop.code:
-            raise
 
 
 torch.set_num_threads(args.threads)
@@ -61,27 +51,25 @@ if args.flops:
 
     peak = matmul_peak()
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-        run_script()
+        runner.run_script(args.script, args.script_args)
     flops = sum(event.flops for event in prof.key_averages()) / args.steps
     print(
         f"\n{name}: {flops / 1e6:.0f} MFLOP per step in matmuls and convolutions; a large matmul runs at "
         f"{peak:.0f} GFLOP/s here, so the floor is {flops / (peak * 1e9) * 1e3:.2f} ms per step"
     )
-    sys.exit(0)
-
-profiler = cProfile.Profile()
-start = time.perf_counter()
-profiler.runcall(run_script)
-wall = time.perf_counter() - start
-stats = pstats.Stats(profiler).stats
-# the script's own functions, and the env's and the optimizer's steps (what the loop calls into)
-script_path = os.path.abspath(args.script)
-rows = []
-for (path, line, function), (_, calls, _, cumulative, _) in stats.items():
-    mine = os.path.abspath(path) == script_path and function not in ("<module>",)
-    if mine or function in ("step", "run_backward", "_fused_adam", "lerp_"):
-        rows.append((cumulative, calls, f"{function} ({os.path.basename(path)}:{line})"))
-print(f"\n{name}: wall {wall:.1f} s under cProfile, {wall * 1e3 / args.steps:.2f} ms per step")
-print("| function | calls per step | cumulative ms per step |\n| --- | ---: | ---: |")
-for cumulative, calls, label in sorted(rows, reverse=True)[: args.top]:
-    print(f"| {label} | {calls / args.steps:.2f} | {cumulative * 1e3 / args.steps:.3f} |")
+else:
+    start = time.perf_counter()
+    with cProfile.Profile() as profiler:
+        runner.run_script(args.script, args.script_args)
+    wall = time.perf_counter() - start
+    rows = [
+        (cumulative, calls, f"{function} ({os.path.basename(path)}:{line})")
+        for (path, line, function), (_, calls, _, cumulative, _) in pstats.Stats(profiler).stats.items()
+        # the script's own functions, and the env's and the optimizer's steps (what the loop calls into)
+        if (path == args.script and function != "<module>")
+        or function in ("step", "run_backward", "_fused_adam", "lerp_")
+    ]
+    print(f"\n{name}: wall {wall:.1f} s under cProfile, {wall * 1e3 / args.steps:.2f} ms per step")
+    print("| function | calls per step | cumulative ms per step |\n| --- | ---: | ---: |")
+    for cumulative, calls, label in sorted(rows, reverse=True)[: args.top]:
+        print(f"| {label} | {calls / args.steps:.2f} | {cumulative * 1e3 / args.steps:.3f} |")

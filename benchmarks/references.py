@@ -8,6 +8,7 @@ reason. LeanRL's scripts import torchrl (0.14 imports with tensordict 0.15, its 
 scripts do not use) and its plain SAC, TD3 and DQN import stable-baselines3's replay buffer.
 """
 
+import functools
 import os
 import subprocess
 
@@ -243,6 +244,7 @@ def write_reference(side, name, repo_dir, workdir):
     return os.path.join(workdir, os.path.basename(path)), record
 
 
+@functools.cache
 def package_versions(python):
     """The versions `python` sees of the packages a run's speed and results depend on, as one line."""
     return subprocess.run([python, "-c", PACKAGE_VERSIONS], capture_output=True, text=True).stdout.strip()

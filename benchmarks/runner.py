@@ -1,25 +1,34 @@
 """What every benchmark tool shares: the settings table (settings.toml), the results folder of this machine, and one
 way to run a script, stop it with its children and read the summary it wrote.
 
-    settings()             settings.toml, read
+    settings()                    settings.toml, read
     flags(table, name, profile)   a row's or task's flags at a profile (None where it has no such budget)
-    run(command, workdir, ...)    start it in its own session, time it, stop it cleanly; its output and exit code
-    summary(stdout)        the run summary our scripts print last (their SPEED line)
-    record_command(...)    a command as a record keeps it: paths relative to the repository or the reference clone,
-                           the Python named by its version, so that a stranger can run it again
+    our_command(rows, name, ...)  a row's run of our script, relative to the repository
+    run(command, workdir, ...)    start it in its own process group, time it, stop it with its children
+    run_in_scratch(python, words) the same in a scratch folder, with its summary
+    summary(stdout)               the run summary our scripts print last (their SPEED line)
+    Logs(workdir).read()          what a run logged to TensorBoard or to the wandb stand-in, as it runs
+    run_script(path, argv)        a script run (or imported) in this process, as `python path` would
+    record_command(...)           a command as a record keeps it: paths relative to the repository or the
+                                  reference clone, the Python named by its version, so that a stranger can rerun it
 """
 
 import contextlib
 import functools
+import glob
 import json
+import math
 import os
 import re
+import runpy
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
+from types import SimpleNamespace
 from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +51,31 @@ def flags(table, name, profile):
 
 def mode_flags(mode):
     return ["--compile"] * ("compile" in mode) + ["--cudagraphs"] * ("cudagraphs" in mode)
+
+
+def our_command(rows, name, profile, *extra):
+    """Row `name`'s run of our script at `profile`, relative to the repository: no evaluation, seed 1, `extra`
+    (a mode's flags, a thread count) before the seed."""
+    script = f"leanrl_scripts/{rows[name]['script']}"
+    return [
+        *rows[name].get("launcher", []),
+        script,
+        *flags(rows, name, profile),
+        "--eval-episodes",
+        "0",
+        *extra,
+        "--seed",
+        "1",
+    ]
+
+
+def run_in_scratch(python, words, env=None, limit=None):
+    """`words` (relative to the repository) run by `python` in a scratch folder, so that the runs/ and videos/
+    folders it makes go with it: how it ended, and its summary."""
+    command = [python, *[os.path.join(ROOT, word) if word.endswith(".py") else word for word in words]]
+    with tempfile.TemporaryDirectory() as workdir:
+        ended = run(command, workdir, env, limit)
+    return ended, summary(ended.stdout)
 
 
 def machine_tag():
@@ -93,9 +127,9 @@ class Ended(NamedTuple):
 
 
 def run(command, workdir, env=None, limit=None, stop_when=None, poll_seconds=30):
-    """Runs `command` in `workdir` in a session of its own, to its end; stops it once it has run `limit` seconds or
-    `stop_when()` (asked every `poll_seconds`) gives a reason: SIGTERM to its process group (ours then writes its
-    summary), SIGKILL a minute later. Whatever it started dies with it, on Ctrl-C too."""
+    """Runs `command` in `workdir` in a process group of its own, to its end; stops it once it has run `limit`
+    seconds or `stop_when()` (asked every `poll_seconds`) gives a reason: SIGTERM to its process group (ours then
+    writes its summary), SIGKILL a minute later. Whatever it started dies with it, on Ctrl-C too."""
     with open(os.path.join(workdir, "stdout.txt"), "w+") as out, open(os.path.join(workdir, "stderr.txt"), "w+") as err:
         started, stopped = time.time(), None
         proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True)
@@ -128,6 +162,32 @@ def summary(stdout):
     return json.loads(lines[-1][len("SPEED ") :]) if lines else None
 
 
+class Logs:
+    """What a run in `workdir` has logged so far, read as it runs: {tag: [(step, wall time, value), ...]} of its
+    TensorBoard scalars (read on from where the last call stopped) and of the values the wandb stand-in beside a
+    reference script keeps ("wandb/speed", "wandb/episode_return"; NaN left out)."""
+
+    def __init__(self, workdir):
+        self.workdir, self.events = workdir, None
+
+    def read(self):
+        if self.events is None and (folders := glob.glob(os.path.join(self.workdir, "runs", "*"))):
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+            self.events = EventAccumulator(folders[0], size_guidance={"scalars": 0})
+        logged = {}
+        if self.events:
+            self.events.Reload()
+            for tag in self.events.Tags()["scalars"]:
+                logged[tag] = [(point.step, point.wall_time, point.value) for point in self.events.Scalars(tag)]
+        if os.path.exists(path := os.path.join(self.workdir, "wandb_log.jsonl")):
+            with open(path) as f:
+                for row in map(json.loads, f):
+                    for key in [key for key in ("speed", "episode_return") if math.isfinite(row.get(key, math.nan))]:
+                        logged.setdefault(f"wandb/{key}", []).append((row["step"], row["time"], row[key]))
+        return logged
+
+
 @functools.cache
 def python_name(python):
     """`python` as a record names it: python3.11, say (the path is this machine's)."""
@@ -140,3 +200,21 @@ def record_command(python, words, env=None):
     the repository, ours, or the reference clone names it, and its flags)."""
     settings = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
     return " ".join([*settings, python_name(python), *words])
+
+
+def run_script(path, argv=None):
+    """The script at `path` run in this process, its folder first on sys.path as `python path` puts it (so that the
+    run bookkeeping module beside it is found): with `argv`, as `python path *argv` runs it (a sys.exit(0) ends only
+    the script); without, imported (under its file's name, its `if __name__ == "__main__"` block left out). Its
+    globals, as attributes."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    if argv is None:
+        run_name = os.path.splitext(os.path.basename(path))[0]
+    else:
+        sys.argv = [path, *argv]
+        run_name = "__main__"
+    try:
+        return SimpleNamespace(**runpy.run_path(path, run_name=run_name))
+    except SystemExit as stop:
+        if stop.code:
+            raise

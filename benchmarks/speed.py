@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import runner
 
@@ -22,17 +21,16 @@ def commands(rows, names, profile, modes, env_only_steps):
     """(the file it writes, the command relative to the repository) of every run, in order."""
     runs = []
     for name in names:
-        row, flags = rows[name], runner.flags(rows, name, profile)
-        if "tool" in row:
-            runs.append((row["output"], [row["tool"], *flags]))
+        if "tool" in rows[name]:
+            runs.append((rows[name]["output"], [rows[name]["tool"], *runner.flags(rows, name, profile)]))
             continue
-        script, launcher = f"leanrl_scripts/{row['script']}", row.get("launcher", [])
-        for mode in [mode for mode in modes if mode in row.get("modes", runner.MODES)]:
-            command = [*launcher, script, *flags, "--eval-episodes", "0", "--seed", "1", *runner.mode_flags(mode)]
-            runs.append((f"{name}__{mode}.json", command))
-        # env_only.py reads the script's env flags and torchrun's --nproc-per-node from the same words
-        command = ["benchmarks/env_only.py", script, *flags, *launcher, "--steps", str(env_only_steps)]
-        runs.append((f"{name}__env_only.json", command))
+        for mode in [mode for mode in modes if mode in rows[name].get("modes", runner.MODES)]:
+            runs.append((f"{name}__{mode}.json", runner.our_command(rows, name, profile, *runner.mode_flags(mode))))
+        # env_only.py takes the script first, then its env flags and torchrun's --nproc-per-node among the others
+        launcher = rows[name].get("launcher", [])
+        words = runner.our_command(rows, name, profile)[len(launcher) :]
+        env_only = ["benchmarks/env_only.py", *words, *launcher, "--steps", str(env_only_steps)]
+        runs.append((f"{name}__env_only.json", env_only))
     return runs
 
 
@@ -45,26 +43,25 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args()
     table = runner.settings()
-    rows = table["rows"]
-    names = [name for name in rows if args.group in (None, rows[name]["group"])]
+    names = [name for name, row in table["rows"].items() if args.group in (None, row["group"])]
     if not names:
         parser.error(f"no rows in group {args.group}")
     python = os.environ.get("PYTHON", sys.executable)
-    runs = commands(rows, names, args.profile, args.modes.split(), table["env_only_steps"][args.profile])
-    if args.dry_run:
-        for output, command in runs:
-            print(f"{runner.record_command(python, command)} > {output}")
-        return
-    folder = runner.results_folder(args.results)
-    for output, command in runs:
-        print(f"== {output}: {' '.join(command)}", file=sys.stderr, flush=True)
-        absolute = [os.path.join(runner.ROOT, word) if word.endswith(".py") else word for word in command]
-        with tempfile.TemporaryDirectory() as workdir:  # the runs' own folders (runs/, videos) go with it
-            ended = runner.run([python, *absolute], workdir)
-        ours = "__" in output and not output.endswith("__env_only.json")  # a mode's run: its summary is kept
-        summary = runner.summary(ended.stdout) if ours else None
-        if ended.returncode or (ours and summary is None):
-            sys.exit(f"error: {' '.join(command)} failed (exit code {ended.returncode}):\n{ended.stderr[-2000:]}")
+    folder = None if args.dry_run else runner.results_folder(args.results)
+    for output, words in commands(
+        table["rows"], names, args.profile, args.modes.split(), table["env_only_steps"][args.profile]
+    ):
+        print(
+            f"{runner.record_command(python, words)} > {output}",
+            file=sys.stdout if args.dry_run else sys.stderr,
+            flush=True,
+        )
+        if args.dry_run:
+            continue
+        ended, summary = runner.run_in_scratch(python, words)
+        ours = output.endswith(".json") and "__" in output and not output.endswith("__env_only.json")  # a mode's run
+        if ended.returncode or (ours and not summary):
+            sys.exit(f"error: {' '.join(words)} failed (exit code {ended.returncode}):\n{ended.stderr[-2000:]}")
         with open(os.path.join(folder, output), "w") as f:
             f.write(json.dumps(summary) + "\n" if ours else ended.stdout)
 

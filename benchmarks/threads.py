@@ -13,7 +13,6 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import runner
@@ -24,23 +23,17 @@ def spin():
         pass
 
 
-def command(rows, name, profile, threads):
-    """Row `name`'s eager run at `profile` with `threads` torch threads (None: the script's own choice), relative to
-    the repository."""
-    flags = runner.flags(rows, name, profile) + ["--eval-episodes", "0", "--seed", "1"]
-    extra = [] if threads is None else ["--torch-threads", str(threads)]
-    return [*rows[name].get("launcher", []), f"leanrl_scripts/{rows[name]['script']}", *flags, *extra]
+def words(rows, name, profile, threads):
+    """Row `name`'s eager run with `threads` torch threads (None: the script's own choice)."""
+    return runner.our_command(rows, name, profile, *([] if threads is None else ["--torch-threads", str(threads)]))
 
 
-def run(command):
+def run(words):
     """One run in a scratch folder: (SPS, the thread count it used)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-    absolute = [os.path.join(runner.ROOT, word) if word.endswith(".py") else word for word in command]
-    with tempfile.TemporaryDirectory() as workdir:
-        ended = runner.run([sys.executable, *absolute], workdir, env)
-    summary = runner.summary(ended.stdout)
+    ended, summary = runner.run_in_scratch(sys.executable, words, env)
     if ended.returncode or not summary:
-        sys.exit(f"error: {' '.join(command)} failed:\n{ended.stderr[-2000:]}")
+        sys.exit(f"error: {' '.join(words)} failed:\n{ended.stderr[-2000:]}")
     return summary["sps"], summary["torch_threads"]
 
 
@@ -60,9 +53,8 @@ def main():
         parser.error(f"unknown names {sorted(unknown)}")
     cores = len(os.sched_getaffinity(0))
     if args.dry_run:
-        for name in names:
-            for threads in (1, cores, None):
-                print(runner.record_command(sys.executable, command(rows, name, args.profile, threads)))
+        for name, threads in [(name, threads) for name in names for threads in (1, cores, None)]:
+            print(runner.record_command(sys.executable, words(rows, name, args.profile, threads)))
         return
     spinners = [mp.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for process in spinners:
@@ -71,41 +63,32 @@ def main():
         if spinners:
             time.sleep(60)  # let the load average show the spinners
         load = os.getloadavg()[0]
-        rows = []
+        lines = []
         for name in names:
             sps = {1: [], cores: [], None: []}
             for _ in range(args.rounds):
                 for threads in sps:
-                    value, used = run(command(rows, name, args.profile, threads))
+                    value, used = run(words(rows, name, args.profile, threads))
                     sps[threads].append(value)
                     if threads is None:
                         chosen = used
             medians = {threads: statistics.median(values) for threads, values in sps.items()}
             best = max((1, cores), key=medians.get)
-            rows.append(
+            lines.append(
                 f"| {name} | {medians[1]:.0f} | {medians[cores]:.0f} | {chosen} | {medians[None]:.0f} "
                 f"| {medians[None] / medians[best]:.2f} |"
             )
-            print(rows[-1], file=sys.stderr, flush=True)
+            print(lines[-1], file=sys.stderr, flush=True)
     finally:
         for process in spinners:
             process.kill()
-    title = (
-        f"{'busy: ' + str(args.busy) + ' spinning processes' if args.busy else 'idle'}, {cores} cores, "
-        f"load average {load:.1f} when the runs began, median of {args.rounds} rounds"
+    busy = f"busy: {args.busy} spinning processes" if args.busy else "idle"
+    title = f"{busy}, {cores} cores, load average {load:.1f} when the runs began, median of {args.rounds} rounds"
+    header = f"| script | 1 thread SPS | {cores} threads SPS | its choice | its choice SPS | choice / best |"
+    table = "\n".join(
+        [f"#### Torch threads, {title}", "", header, "| --- | ---: | ---: | ---: | ---: | ---: |", *lines]
     )
-    table = (
-        "\n".join(
-            [
-                f"#### Torch threads, {title}",
-                "",
-                f"| script | 1 thread SPS | {cores} threads SPS | its choice | its choice SPS | choice / best |",
-                "| --- | ---: | ---: | ---: | ---: | ---: |",
-                *rows,
-            ]
-        )
-        + "\n"
-    )
+    table += "\n"
     print(table, end="")
     if args.out:
         with open(args.out, "w") as f:
