@@ -36,7 +36,8 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --budget-minutes M with --compare: start no run that would not end within M minutes
   --run-timeout S    with --compare: stop a run after S seconds (it is recorded as stopped)
   --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax (default: all)
-  --only LIST        with --compare: only these rows, from sac,td3,ppo_continuous,dqn,ppo_atari,dqn_atari
+  --only LIST        with --compare: only these rows of benchmarks/settings.toml (default: every row that
+                     names a reference script)
   --headline         with --compare: only each side's headline runs (ours at its default threads, each
                      reference in its fastest mode)
   --dry-run          print the commands the call would run (their settings: benchmarks/settings.toml)
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
         --rounds|--budget-minutes|--run-timeout)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             compare_args+=("$1" "$2"); shift ;;
-        --sides|--only) [[ $# -ge 2 && $2 =~ ^[a-z_,]+$ ]] || refuse "$1 needs a list such as ${1/--only/dqn,td3}"
+        --sides|--only) [[ $# -ge 2 && $2 =~ ^[a-z0-9_,]+$ ]] || refuse "$1 needs a list such as ${1/--only/dqn,td3}"
             compare_args+=("$1" "$2"); shift ;;
         --headline) compare_args+=("$1") ;;
         --until-score) learning_args+=("$1") ;;

@@ -76,13 +76,14 @@ def plan(rows, names, rounds, cuda, headline_only=False):
                 "cleanrl": [(row.get("cleanrl"), "eager", threads) for threads in their_threads],
                 "jax": [(script, "jit", threads) for script in jax for threads in jax_threads],
             }
-            headline = [(row["script"], mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)]
-            headline += [(compiled, leanrl_modes[-1], 1), (row.get("cleanrl"), "eager", 1)]
-            headline += [(script, "jit", jax_threads[0]) for script in jax]
+            headline = [("ours", row["script"], mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)]
+            headline += [("leanrl", compiled, leanrl_modes[-1], 1), ("cleanrl", row.get("cleanrl"), "eager", 1)]
+            headline += [("jax", script, "jit", jax_threads[0]) for script in jax]
             for side in SIDES if forward else SIDES[::-1]:
                 for run in by_side[side]:
-                    if run[0] and (run in headline or not headline_only):
-                        tiers[run not in headline].append((name, side, *run, round_index))
+                    tier = (side, *run) not in headline
+                    if run[0] and not (tier and headline_only):
+                        tiers[tier].append((name, side, *run, round_index))
         runs += tiers[0] + tiers[1]
     return runs
 

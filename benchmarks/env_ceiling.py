@@ -17,13 +17,8 @@ import numpy as np
 
 import runner
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=10_000, help="env steps timed per set-up, all envs together")
-parser.add_argument("--envs", default="8,16,32", help="the env counts, comma-separated")
-args = parser.parse_args()
 
-
-def measure(setup, num_envs, batch_size, **options):
+def measure(steps, setup, num_envs, batch_size, **options):
     """Prints a set-up's JSON line: its steps/s with random actions, stepped synchronously (batch = envs) or with
     send/recv (a batch of the envs at a time)."""
     envs = envpool.make(
@@ -38,7 +33,7 @@ def measure(setup, num_envs, batch_size, **options):
         def step(action):  # to the envs of the batch that recv returns
             envs.send(action, envs.recv()[-1]["env_id"])
 
-    iterations = args.steps // batch_size
+    iterations = steps // batch_size
     actions = np.random.default_rng(1).integers(4, size=(iterations + 1, batch_size), dtype=np.int32)
     step(actions[0])  # the first step, untimed
     start = time.perf_counter()
@@ -52,31 +47,42 @@ def measure(setup, num_envs, batch_size, **options):
     )
 
 
-usable = runner.run_script(f"{runner.ROOT}/leanrl_scripts/ppo_atari_envpool.py").usable_cores()
-try:
-    with open("/sys/fs/cgroup/cpu.max") as f:
-        quota = f.read().strip()
-except OSError:
-    quota = None
-print(
-    json.dumps(
-        {
-            "cpu_count": os.cpu_count(),
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "cpu.max": quota,
-            "usable_cores": usable,
-            "envpool": envpool.__version__,
-        }
-    ),
-    flush=True,
-)
-sizes = [int(n) for n in args.envs.split(",")]
-for n in sizes:
-    threads = min(n, usable)
-    measure("script", n, n, num_threads=threads)
-    measure("envpool default", n, n)
-    measure("pinned", n, n, num_threads=threads, thread_affinity_offset=0)
-    measure("async script", n, n // 2, num_threads=threads)
-for batch in [n for n in sizes if n <= 16]:  # 3 envs a batch slot: 48 envs at most
-    measure("envpool benchmark async", 3 * batch, batch, num_threads=batch)
-    measure("envpool benchmark async, pinned", 3 * batch, batch, num_threads=batch, thread_affinity_offset=0)
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000, help="env steps timed per set-up, all envs together")
+    parser.add_argument("--envs", default="8,16,32", help="the env counts, comma-separated")
+    args = parser.parse_args()
+    usable = runner.run_script(f"{runner.ROOT}/leanrl_scripts/ppo_atari_envpool.py").usable_cores()
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota = f.read().strip()
+    except OSError:
+        quota = None
+    print(
+        json.dumps(
+            {
+                "cpu_count": os.cpu_count(),
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "cpu.max": quota,
+                "usable_cores": usable,
+                "envpool": envpool.__version__,
+            }
+        ),
+        flush=True,
+    )
+    sizes = [int(n) for n in args.envs.split(",")]
+    for n in sizes:
+        threads = min(n, usable)
+        measure(args.steps, "script", n, n, num_threads=threads)
+        measure(args.steps, "envpool default", n, n)
+        measure(args.steps, "pinned", n, n, num_threads=threads, thread_affinity_offset=0)
+        measure(args.steps, "async script", n, n // 2, num_threads=threads)
+    for batch in [n for n in sizes if n <= 16]:  # 3 envs a batch slot: 48 envs at most
+        measure(args.steps, "envpool benchmark async", 3 * batch, batch, num_threads=batch)
+        measure(
+            args.steps, "envpool benchmark async, pinned", 3 * batch, batch, num_threads=batch, thread_affinity_offset=0
+        )
+
+
+if __name__ == "__main__":
+    main()
