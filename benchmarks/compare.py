@@ -252,15 +252,22 @@ def write_tables(folder, records):
         "runs.jsonl beside this page.",
     ]
     if jax:
-        threads = {"default": "at XLA's default threads (its pool takes every core)", 1: "at one thread"}
+        one_thread = (
+            f'one thread is `XLA_FLAGS="{XLA_ONE_THREAD}"` with `OMP_NUM_THREADS=1` for the torch that CleanRL\'s JAX '
+            "scripts log and buffer with"
+        )
+        # the settings the records hold: a --headline sweep on a CPU runs only XLA's default
+        settings = {r["threads"] for r in jax}
+        ran = f"at XLA's default threads (its pool takes every core) and at one thread; {one_thread}"
+        if settings == {"default"}:
+            ran = f"at XLA's default threads only (its pool takes every core); {one_thread}: not run here"
+        elif settings == {1}:
+            ran = f"at one thread only; {one_thread}"
         lines += [
             "",
             "The JAX scripts' steady SPS, like CleanRL's, comes from the wall times of the points they log, from the "
             "third after learning starts: their JIT compilation (at each jitted function's first call) falls before "
-            "it. LeanRL's JAX scripts log to the wandb stand-in, which keeps each point's time. They ran "
-            + " and ".join(threads[t] for t in threads if t in {r["threads"] for r in jax})
-            + f'; one thread is `XLA_FLAGS="{XLA_ONE_THREAD}"` with `OMP_NUM_THREADS=1` for the torch that '
-            "CleanRL's JAX scripts log and buffer with.",
+            f"it. LeanRL's JAX scripts log to the wandb stand-in, which keeps each point's time. They ran {ran}.",
         ]
     best_lines, best = best_settings(records)
     lines += ["", *best_lines, "", "Every setting, median SPS over the rounds that gave one:", ""]

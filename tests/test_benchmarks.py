@@ -719,7 +719,7 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
         "| 202 (compile, its default threads) | - | - | 2000 (CleanRL's fake_jax, its default threads) | - | - "
         "| 0.10x |" in table
     )
-    assert "JIT compilation" in table and "They ran at XLA's default threads (its pool takes every core);" in table
+    assert "JIT compilation" in table and "They ran at XLA's default threads only" in table
     args = argparse.Namespace(profile="smoke", jax_python=sys.executable)
     one_thread = compare.run_one(
         args, {"cleanrl": str(tmp_path / "cleanrl")}, rows, ("fake", "jax", "cleanrl/fake_jax", "jit", 1, 1), limit=60
