@@ -164,6 +164,8 @@ REFERENCE_PATCHES["dqn_atari"] = REFERENCE_PATCHES["dqn_atari_jax"] = ALE_DQN_PA
 REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"] + [
     REFERENCE_PATCHES["ppo_continuous_action_torchcompile"][1]
 ]
+# CleanRL's PQN Atari script has its PPO Atari script's env set-up lines: the same patches
+REFERENCE_PATCHES["pqn_atari_envpool"] = REFERENCE_PATCHES["ppo_atari_envpool"]
 # LeanRL's scripts log to Weights & Biases only: the running mean of the last 20 episodes' returns
 # ("episode_return") and the steady steps per second since its burn-in ("speed"). This stands in for wandb beside
 # the script and keeps those values with their step and time.

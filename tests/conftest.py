@@ -65,6 +65,8 @@ COMPILED = {
     "dqn.py": (["policy", "td_loss"], 2, 0),
     "dqn_atari.py": (["policy", "td_loss"], 2, 0),
     "dqn_atari_async.py": (["td_loss"], 1, 0),
+    "pqn.py": (["policy", "q_lambda_returns", "td_loss"], 3, 0),
+    "pqn_atari_envpool.py": (["policy", "q_lambda_returns", "td_loss"], 3, 0),
     "sac_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),

@@ -44,6 +44,9 @@ SYNCS = {
     torch.repeat_interleave,
     T.repeat_interleave,
 }
+# Reads of tensors that live on the host on every device: an optimizer that is neither capturable nor fused (RAdam
+# has no fused kernel) keeps its step count on the CPU, parameters on CUDA or not, and reads it with .item()
+HOST_READS = {("optimizer.py", "_get_value")}
 calls = {}
 active = set()  # the pieces running under the probe now
 
@@ -58,8 +61,8 @@ class HostSyncs(TorchFunctionMode):
         bool_index = func in (T.__getitem__, T.__setitem__) and any(
             isinstance(i, T) and i.dtype == torch.bool for i in (args[1] if isinstance(args[1], tuple) else (args[1],))
         )
-        if func in SYNCS or bool_index:
-            where = traceback.extract_stack(limit=2)[0]  # the line that made the call
+        where = traceback.extract_stack(limit=2)[0]  # the line that made the call
+        if (func in SYNCS or bool_index) and (os.path.basename(where.filename), where.name) not in HOST_READS:
             self.found.append(f"{getattr(func, '__name__', func)} at {os.path.basename(where.filename)}:{where.lineno}")
         return func(*args, **kwargs)
 

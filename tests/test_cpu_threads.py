@@ -22,8 +22,9 @@ import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
 from conftest import ALL_SCRIPTS, SCRIPTS, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "dqn_atari.py"]
-CNN_SCRIPTS += ["dqn_atari_async.py", "impala_ray.py"]
+CNN_SCRIPTS += ["dqn_atari_async.py", "impala_ray.py", "pqn_atari_envpool.py"]
 FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "impala_ray.py"]
+FREED_MEMORY_SCRIPTS += ["pqn_atari_envpool.py"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
 
 
@@ -53,6 +54,8 @@ THREADS_ASKED = [
     ("td3_continuous_action.py", {}, "idle"),
     ("ppo_continuous_action.py", {}, 1),
     ("dqn.py", {}, 1),
+    ("pqn.py", {}, 1),
+    ("pqn_atari_envpool.py", {}, 16),
     ("ppo_atari_envpool.py", {}, 16),
     ("ppo_atari_envpool_async.py", {}, 16),
     ("ppo_atari_lstm.py", {}, 16),

@@ -19,7 +19,7 @@ MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"]}
 MODES["compile+cudagraphs"] = ["--compile", "--cudagraphs"]
 # RUNS's budgets, with every piece called more than CudaGraphModule's 5 warm-up calls (PPO's GAE: once an iteration)
 LONGER = {"ppo_continuous_action.py": ["--total-timesteps", 512]}
-LONGER.update({run: ["--total-timesteps", 1024] for run in RUNS if run.startswith("ppo_atari")})
+LONGER.update({run: ["--total-timesteps", 1024] for run in RUNS if run.startswith(("ppo_atari", "pqn"))})
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +57,7 @@ def test_acting_views_follow_the_learner_on_the_gpu(run, workdir):
         assert log["copies"] == []
 
 
-@pytest.mark.parametrize("script", ["dqn.py", "sac_continuous_action.py", "ppo_continuous_action.py"])
+@pytest.mark.parametrize("script", ["dqn.py", "sac_continuous_action.py", "ppo_continuous_action.py", "pqn.py"])
 def test_an_eager_checkpoint_continues_with_cudagraphs_and_moves_between_devices(script, workdir):
     """Trained eagerly on the GPU (its Adam not capturable), continued with --cudagraphs (the script's capturable
     setting, not the checkpoint's); loaded on a CPU and saved, then loaded on the GPU again: the same weights."""

@@ -17,6 +17,7 @@ IMITATION = os.path.join(ROOT, "tests", "cuda_imitation.py")
 ATARI = ["--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
 PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32]
 CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000]
+PQN = ["--env-id", "CartPole-v1", "--total-timesteps", 512, "--num-steps", 32, "--num-minibatches", 2]
 IMPALA = ["--env-id", "CartPole-v1", "--total-timesteps", 1280, "--num-actors", 1, "--envs-per-actor", 4]
 IMPALA += ["--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5, "--lstm"]
 # script: its flags, and its acting views by the names of the script's globals (view: learner). IMPALA's actors act
@@ -43,11 +44,19 @@ RUNS = {
         ["--total-timesteps", 512, "--local-num-envs", 4, "--num-steps", 32, "--num-minibatches", 2],
         {"agent_view": "agent"},
     ),
+    "pqn.py": (PQN, {"q_view": "q_network"}),
+    "pqn_atari_envpool.py": (ATARI, {"q_view": "q_network"}),
     "impala_ray.py --lstm": (IMPALA, {}),
 }
 # The others send host data once per env step, right after reading the actions back (the stream is idle then), and
 # in their evaluation: a blocking copy there waits for nothing.
-NO_BLOCKING_COPIES = {"dqn.py", "ppo_atari_lstm.py", "ppo_atari_lstm.py --lstm-impl loop", "impala_ray.py --lstm"}
+NO_BLOCKING_COPIES = {
+    "dqn.py",
+    "pqn.py",
+    "ppo_atari_lstm.py",
+    "ppo_atari_lstm.py --lstm-impl loop",
+    "impala_ray.py --lstm",
+}
 
 
 def imitated_run(script, args, workdir, views=None, check=True):

@@ -96,6 +96,21 @@ CASES = {
         lr="--learning-rate",
         other="dqn.py",
     ),
+    "pqn.py": dict(
+        base=["--env-id", "CartPole-v1"],
+        tiny=["--total-timesteps", 1024, "--num-steps", 64, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn.py",
+    ),
+    # the same network as PPO Atari's but for the LayerNorms and the heads: its checkpoint is another's
+    "pqn_atari_envpool.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_envpool.py",
+    ),
     "impala_ray.py": dict(
         base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
         tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
@@ -265,7 +280,7 @@ def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
         (["--gamma", 2], "--gamma"),
         (["--eval-episodes", -1], "--eval-episodes"),
     ]
-    if script.startswith("ppo"):
+    if script.startswith(("ppo", "pqn")):  # on-policy: whole rollouts
         bad.append((["--total-timesteps", 100], "less than one rollout"))
     elif script != "impala_ray.py":
         bad += [

@@ -39,6 +39,11 @@ CASES = {
     "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
     "ppo_atari_envpool_async.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
     "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "pqn.py": (
+        ["--total-timesteps", 256, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1],
+        {"policy", "q_lambda_returns", "td_loss", "update"},
+    ),
+    "pqn_atari_envpool.py": (ATARI, {"policy", "q_lambda_returns", "td_loss", "update"}),
     "dqn.py": (
         ["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000],
         {"policy", "td_loss", "update"},

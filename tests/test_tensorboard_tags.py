@@ -15,6 +15,7 @@ EPISODES = {"charts/episodic_return", "charts/episodic_length"}
 PPO = {f"losses/{name}" for name in ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")}
 PPO |= EPISODES | {"charts/SPS", "charts/learning_rate", "losses/explained_variance"}
 DQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values", "eval/episodic_return"}
+PQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values"}
 CRITICS = {f"losses/{name}" for name in ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")}
 CLEANRL_TAGS = {
     "sac_continuous_action.py": EPISODES | CRITICS | {"losses/alpha", "losses/alpha_loss"},
@@ -27,6 +28,8 @@ CLEANRL_TAGS = {
     "ppo_atari_envpool_async.py": PPO | {"charts/avg_episodic_return"},
     "ppo_atari_lstm.py": PPO,
     "ppo_atari_multigpu.py": PPO,
+    "pqn.py": PQN,
+    "pqn_atari_envpool.py": PQN | {"charts/avg_episodic_return"},
 }
 PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 600, "--learning-starts", 200, "--batch-size", 32]
 # Runs long enough for episodes to end, updates to be logged and the speed to be measured; an evaluation where
@@ -53,6 +56,8 @@ RUNS = {
     "ppo_atari_envpool_async.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_lstm.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_multigpu.py": [*ATARI_PPO, "--local-num-envs", 8],
+    "pqn.py": ["--total-timesteps", 2048, "--eval-episodes", 0],
+    "pqn_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
 }
 
 

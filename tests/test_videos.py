@@ -24,6 +24,8 @@ RECORDED = {
     "ppo_atari_envpool_async.py": ([], ATARI_SCREEN),
     "ppo_atari_lstm.py": ([], ATARI_SCREEN),
     "impala_ray.py": ([], CARTPOLE_SCREEN),
+    "pqn.py": ([], CARTPOLE_SCREEN),
+    "pqn_atari_envpool.py": ([], ATARI_SCREEN),
 }
 
 
@@ -42,7 +44,9 @@ def test_capture_video_records_the_first_evaluation_game(script, workdir):
             frames += 1
     assert first.shape == screen and moved
     if screen == CARTPOLE_SCREEN:  # the reset screen, then one per step; CartPole pays 1 a step
-        assert frames == summary["eval_returns"][0] + 1
+        # a game held to the 500-step limit reads back one frame short: imageio's reader gives 500 frames of the 501
+        # that gymnasium's RecordVideo writes (seen with RecordVideo alone, no script)
+        assert frames == summary["eval_returns"][0] + 1 - (summary["eval_returns"][0] == 500)
     else:  # a whole Breakout game, five balls, not one life of it (117-357 frames here)
         assert frames >= 100
 
