@@ -55,16 +55,16 @@ def test_one_budget_changed_in_one_place_and_every_tool_follows(tmp_path):
     before = commands()
     settings = tmp_path / "benchmarks" / "settings.toml"
     text = settings.read_text().replace('1", "--total-timesteps", "30000"', '1", "--total-timesteps", "31234"')
-    settings.write_text(
-        text.replace('quick = ["--total-timesteps", "500000"]', 'quick = ["--total-timesteps", "4321"]')
-    )
+    task = 'smoke = ["--total-timesteps", "2000", "--learning-starts", "500"]\nquick = ["--total-timesteps", '
+    settings.write_text(text.replace(f'{task}"500000"]', f'{task}"4321"]'))  # DQN's learning task: CartPole
     after = commands()
     unbudgeted = [
         [[re.sub("--total-timesteps [0-9]+ ", "", line) for line in lines] for lines in run] for run in (before, after)
     ]
     changed = [[line for line in lines if re.search("--total-timesteps (31234|4321) ", line)] for lines in after]
     assert unbudgeted[0] == unbudgeted[1] and [len(lines) for lines in changed] == [10, 48, 6, 1]
-    assert not [line for lines in after for line in lines if re.search("--total-timesteps (30000|500000) ", line)]
+    old_budgets = [line for lines in after for line in lines if re.search("--total-timesteps (30000|500000) ", line)]
+    assert not [line for line in old_budgets if "dqn" in line]  # PQN's task has CartPole's 500,000 steps too
     assert [line.split()[1] for line in changed[0][::5]] == [
         "leanrl_scripts/dqn.py",
         "leanrl_scripts/dqn_atari_async.py",
@@ -205,7 +205,7 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = runner.settings()["rows"]
     names = [name for name in rows if "tool" not in rows[name]]
-    assert len(names) == 17 and proc.stdout.count("| eager") == len(names)
+    assert len(names) == 19 and proc.stdout.count("| eager") == len(names)
     for name in names:
         run, flags = json.loads((tmp_path / f"{name}__eager.json").read_text()), runner.flags(rows, name, "smoke")
         assert run["mode"] == "eager" and run["sps"] > 0 and run["script"] == rows[name]["script"]

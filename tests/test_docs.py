@@ -38,6 +38,7 @@ OTHER_COMMANDS = {
     "--reference-python",
     "--jax-python",
     "--until-score",
+    "--profile",
     "--max-minutes",
     "--sides",
     "--headline",
