@@ -159,6 +159,8 @@ ALE_DQN_PATCHES = [
     ("gym.wrappers.FrameStack(env, 4)", "gym.wrappers.FrameStackObservation(env, 4)", "renamed in gymnasium 1.0"),
 ]
 REFERENCE_PATCHES["dqn_atari"] = REFERENCE_PATCHES["dqn_atari_jax"] = ALE_DQN_PATCHES
+# CleanRL's Rainbow has its DQN's env set-up lines: the same patches
+REFERENCE_PATCHES["rainbow_atari"] = ALE_DQN_PATCHES
 # LeanRL's PPO Atari scripts (plain and compiled) have CleanRL's env set-up lines, so the same patches; its compiled
 # one also the copy of the weights for acting (else a rollout's graph holds them and the update backs through twice)
 REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"] + [

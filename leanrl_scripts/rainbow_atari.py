@@ -1,0 +1,596 @@
+"""Rainbow (Hessel et al. 2018) on Atari, with envpool or with ALE through gymnasium, one file: DQN with its six
+improvements, the C51 distributional loss, dueling heads, factorized noisy layers, n-step returns, double Q and
+prioritized replay, each as its paper has it.
+
+Memory: each frame is stored once and the 4-frame stacks are rebuilt at sample time, as in dqn_atari.py; the n-step
+returns are summed at sample time from the stored rewards, so n costs no memory. Speed: the priorities are a sum tree
+of two levels in device tensors, so a batch is drawn and its priorities written back by a fixed dozen kernels, with no
+Python loop over its items and no host sync; the whole update (draw, loss, Adam, priorities) takes torch.compile and
+one CUDA graph. The acting network reads the learner's weights through a detached view and draws its own noise.
+    python leanrl_scripts/rainbow_atari.py --env-id Breakout-v5 --compile
+"""
+
+import math
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the envs (or other programs)
+# need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+try:
+    import cv2
+except ModuleNotFoundError:  # only the gymnasium back-end needs it; --help works without it
+    cv2 = None
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+
+from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
+
+
+@dataclass
+class Args(RunArgs):
+    env_id: str = "Breakout-v5"
+    """the Atari game, as envpool names it (Breakout-v5, Pong-v5, ...) for both back-ends"""
+    env_backend: Literal["envpool", "gymnasium"] = "envpool"
+    """envpool (its own Atari preprocessing) or gymnasium (ALE with this script's wrappers)"""
+    total_timesteps: int = 10_000_000
+    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    learning_rate: float = 6.25e-5
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size (transitions)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate (1.0: a hard copy)"""
+    target_network_frequency: int = 8000
+    """environment steps between target network updates"""
+    batch_size: int = 32
+    """the batch size of samples from the replay memory"""
+    learning_starts: int = 80_000
+    """environment steps before learning starts"""
+    train_frequency: int = 4
+    """environment steps (all envs together) per update: batch_size / train_frequency samples per transition"""
+    n_step: int = 3
+    """the number of steps summed in a return before it bootstraps (1: one-step Q-learning)"""
+    prioritized_replay_alpha: float = 0.5
+    """how much the priorities count: P(i) is priority_i ** alpha over the sum (0: uniform replay)"""
+    prioritized_replay_beta: float = 0.4
+    """the importance-sampling exponent at the start, annealed linearly to 1 over the run"""
+    prioritized_replay_eps: float = 1e-6
+    """added to every priority, so that no transition stops being drawn"""
+    n_atoms: int = 51
+    """the number of atoms of the return distribution"""
+    v_min: float = -10.0
+    """the return lower bound"""
+    v_max: float = 10.0
+    """the return upper bound"""
+    noisy: bool = True
+    """explore with noisy layers; --no-noisy: plain layers and the epsilon-greedy schedule below"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration (with --no-noisy)"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration (with --no-noisy)"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total_timesteps` it takes from start_e to end_e (with --no-noisy)"""
+    measure_burnin: int = 50
+    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+
+
+LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode for the learner (no bootstrap past it) but not the game: reset() after a
+    lost life takes one no-op step instead of restarting. info gets the raw reward and the true end of the game,
+    as envpool's."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        info = {**info, "reward": reward, "terminated": terminated}
+        terminated = terminated or 0 < lives < self.lives
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, _, _, info = self.env.step(0)
+        self.lives = self.unwrapped.ale.lives()
+        return obs, {**info, "reward": 0.0, "terminated": False}
+
+
+class FireReset(gym.Wrapper):
+    """For games that wait for FIRE: press it (then action 2) after each reset."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def make_gym_env(env_id, render=False):
+    """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, v5's 108k-frame time limit."""
+    env = gym.make(
+        f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array" if render else None
+    )
+    # 1 to 30 no-ops after a reset (varied starts), each action held 4 frames with the rewards summed and the last
+    # two frames max-pooled (sprites flicker), 84x84 greyscale
+    env = EpisodicLife(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84))
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireReset(env)
+    env = gym.wrappers.TransformReward(env, np.sign)  # one learning rate fits every game's score scale
+    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")  # a reset fills all 4
+
+
+def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
+    """Training envs of either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode;
+    info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends an
+    episode, the next step resets that env and is not a transition: with envpool after a lost life too (its action
+    ignored, no-ops and FIRE played, the frame stack kept), where CleanRL's wrappers reset within the step."""
+    if backend == "envpool":
+        try:
+            import envpool  # imported here: the gymnasium back-end runs without it
+        except ModuleNotFoundError:
+            fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
+        if env_id not in envpool.list_all_envs():
+            fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
+        if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+            fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py, classic: dqn.py)")
+        threads = min(num_envs, usable_cores())  # one per env up to those: envpool's default counts the host's cores
+        game = dict(episodic_life=True, reward_clip=True, render_mode="rgb_array" if render else None)
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
+    try:
+        import ale_py  # registers the ALE/ ids
+    except ModuleNotFoundError:
+        ale_py = None
+    if ale_py is None or cv2 is None:
+        fail('the gymnasium back-end needs ale-py and OpenCV: pip install ".[atari]"')
+    gym.register_envs(ale_py)
+    try:
+        envs = gym.vector.SyncVectorEnv(
+            [partial(make_gym_env, env_id, render)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+        )
+    except Exception as error:  # an unknown game, a missing ROM or package, an old version
+        fail(f"unknown env id '{env_id}' on ALE, or it cannot be made (games look like Breakout-v5): {error}")
+    envs.reset(seed=seed)
+    return envs
+
+
+class NoisyLinear(nn.Linear):
+    """A linear layer with factorized Gaussian noise (Fortunato et al. 2018): weight + sigma * f(e_out) f(e_in)^T, with
+    f(e) = sign(e) sqrt(|e|), and the same for the bias. The noise is drawn afresh at every call in training mode (one
+    draw for the whole batch), so each forward pass the paper samples for is one call; in eval mode the layer is its
+    mean. nn.Linear's initialisation, uniform within 1/sqrt(in_features), is the paper's for the mean."""
+
+    def __init__(self, in_features, out_features, std_init=0.5):
+        super().__init__(in_features, out_features)
+        self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), std_init / math.sqrt(in_features)))
+        self.bias_sigma = nn.Parameter(torch.full((out_features,), std_init / math.sqrt(in_features)))
+
+    def noise(self):
+        """f of in_features + out_features standard normals: the factorized noise of one forward pass."""
+        noise = torch.randn(self.in_features + self.out_features, device=self.weight.device)
+        noise = noise.sign() * noise.abs().sqrt()
+        return noise[: self.in_features], noise[self.in_features :]
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        noise_in, noise_out = self.noise()
+        # (weight + sigma * outer(noise_out, noise_in)) x, without making that matrix: a second matrix product,
+        # cheaper than writing and reading a weight's worth of noise at DQN's batch sizes (forward and backward)
+        noisy = F.linear(x * noise_in, self.weight_sigma, self.bias_sigma) * noise_out
+        return F.linear(x, self.weight, self.bias) + noisy
+
+
+class RainbowNetwork(nn.Module):
+    """The Nature DQN torso (convolutions channels-last: mkldnn's NHWC kernels are the fast ones on CPU), then dueling
+    value and advantage heads over the atoms: log-probabilities (batch, actions, atoms) of softmax(value + advantage -
+    mean advantage). Noisy layers in the heads, or plain ones for an epsilon-greedy ablation."""
+
+    def __init__(self, num_actions, n_atoms, noisy=True):
+        super().__init__()
+        self.n_atoms = n_atoms
+        self.torso = nn.Sequential(
+            nn.Conv2d(4, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        ).to(memory_format=torch.channels_last)
+        linear = NoisyLinear if noisy else nn.Linear
+        self.value = nn.Sequential(linear(3136, 512), nn.ReLU(), linear(512, n_atoms))
+        self.advantage = nn.Sequential(linear(3136, 512), nn.ReLU(), linear(512, num_actions * n_atoms))
+
+    def forward(self, obs):
+        hidden = self.torso(obs.contiguous(memory_format=torch.channels_last) / 255.0)
+        value = self.value(hidden)[:, None]
+        advantage = self.advantage(hidden).unflatten(1, (-1, self.n_atoms))
+        # log_softmax, not the log of a clamped softmax: exact where an atom's probability is tiny
+        return (value + advantage - advantage.mean(1, keepdim=True)).log_softmax(-1)
+
+
+class SumTree:
+    """Priorities of `capacity` items drawn in proportion, in device tensors: a sum tree of two levels, the leaves in
+    blocks of about sqrt(capacity) and the sums of the blocks. A draw takes a prefix sum and a binary search over the
+    block sums, then the same within each drawn block; a write sums the blocks it touched again. Either is a fixed
+    handful of kernels for the whole batch, where a binary tree walks its 20 levels (for a million items) one at a
+    time; the cost is O(sqrt(capacity)) work a draw (2,000 additions for a million), nothing beside a network."""
+
+    def __init__(self, capacity, device):
+        self.block = 2 ** math.ceil(math.log2(capacity) / 2)
+        self.leaves = torch.zeros((math.ceil(capacity / self.block), self.block), device=device)
+        self.sums = torch.zeros(len(self.leaves), device=device)
+
+    def set(self, index, priority):
+        """Leaves `index` (duplicates only with equal priorities) take `priority`."""
+        self.leaves.view(-1)[index] = priority
+        blocks = index // self.block
+        self.sums[blocks] = self.leaves[blocks].sum(1)
+
+    def sample(self, fractions):
+        """The leaves whose running sum first passes `fractions` (in [0, 1)) of the total, so uniform fractions draw
+        each leaf in proportion to its priority, and the leaves' probabilities. A leaf of priority 0 is never drawn:
+        each search stops short of the end of its prefix sums, whose last step is then positive."""
+        below_one = 1 - 2**-20  # rounding must not carry a fraction to the end of the sums, where zeros may trail
+        block_ends = self.sums.cumsum(0)
+        total = block_ends[-1]
+        target = torch.minimum(fractions * total, total * below_one)
+        block = torch.searchsorted(block_ends, target, right=True)
+        leaf_ends = self.leaves[block].cumsum(1)
+        within = (target - block_ends[block] + self.sums[block]).clamp(min=0)
+        within = torch.minimum(within, leaf_ends[:, -1] * below_one)
+        index = block * self.block + torch.searchsorted(leaf_ends, within[:, None], right=True)[:, 0]
+        return index, self.leaves.view(-1)[index] / total
+
+
+class FrameReplay:
+    """Replay storage with each frame once, as dqn_atari.py's: row t of env lane e holds the newest frame of that env's
+    t-th observation, the action, clipped reward and termination of its step, and two flags: `valid` (the step is a
+    transition, not the reset step after an episode's end) and `first` (the frame stack restarts here). A row is drawn
+    by its priority in `tree` (leaf row * lanes + lane): new rows get the highest priority seen once their n steps and
+    the frame after them are stored, and rows lose theirs (0) as the ring overwrites their frames."""
+
+    def __init__(self, buffer_size, num_envs, device, n_step=3, gamma=0.99, alpha=0.5, eps=1e-6, stack=4):
+        self.buffer_rows = math.ceil(buffer_size / num_envs)
+        self.stack, self.n_step, self.gamma, self.alpha, self.eps = stack, n_step, gamma, alpha, eps
+        rows = self.buffer_rows + stack + n_step - 1  # the rows still waiting for their n steps, and those overwritten
+        # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
+        self.frames = torch.empty((rows, num_envs, 84, 84), dtype=torch.uint8, device=device)
+        self.actions = torch.zeros((rows, num_envs), dtype=torch.long, device=device)
+        self.rewards, self.terminations = (torch.zeros((rows, num_envs), device=device) for _ in range(2))
+        self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool, device=device) for _ in range(2))
+        self.tree = SumTree(rows * num_envs, device)
+        self.max_priority = torch.ones((), device=device)  # of |loss| + eps, before the exponent alpha
+        self.lanes = torch.arange(num_envs, device=device)
+        self.discounts = gamma ** torch.arange(n_step, device=device)
+        self.next_valid = np.ones(num_envs, dtype=bool)
+        self.next_first = np.ones(num_envs, dtype=bool)
+        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
+
+    def add(self, step, obs, actions, rewards, terminations, reset, restart):
+        """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
+        them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
+        rows = len(self.frames)
+        row = step % rows
+        flags = (self.next_valid, self.next_first)
+        self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
+        columns = (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first)
+        for column, value in zip(columns, (obs[:, -1], actions, rewards, terminations, *flags)):
+            column[row] = torch.as_tensor(value).to(column.device, column.dtype, non_blocking=True)
+        # row - n_step now has its n steps and the frame after them; the stack of row + stack - 1 reaches back to
+        # this row, whose frames were another's (rows row .. row + stack - 2 lost theirs at the steps before)
+        ready, overwritten = (row - self.n_step) % rows, (row + self.stack - 1) % rows
+        new = self.valid[ready] * self.max_priority**self.alpha
+        leaves = torch.cat([ready * len(self.lanes) + self.lanes, overwritten * len(self.lanes) + self.lanes])
+        self.tree.set(leaves, torch.cat([new, torch.zeros_like(new)]))
+
+    def sample(self, batch_size, beta):
+        """A batch drawn by priority, stratified (one draw in each of batch_size equal slices of the total, as Schaul
+        et al.): the leaves, importance weights (1 / (N P(i)) ** beta over the batch's largest, so N drops out), and
+        `transitions`' tensors."""
+        strata = torch.arange(batch_size, device=self.frames.device)
+        leaf, probability = self.tree.sample((strata + torch.rand(batch_size, device=strata.device)) / batch_size)
+        weights = (probability / probability.min()) ** -beta
+        return leaf, weights, *self.transitions(leaf // len(self.lanes), leaf % len(self.lanes))
+
+    def transitions(self, row, lane):
+        """The n-step transitions from rows `row` of lanes `lane`: obs, action, the discounted sum of up to n_step
+        rewards, the discount of the bootstrap (gamma ** steps, 0 after a termination) and the observation it
+        bootstraps from. An episode's end stops the sum: a termination with no bootstrap, a truncation (the next row
+        is the reset step, which holds the last observation) with one from there."""
+        rows = len(self.frames)
+        ahead = (row[:, None] + torch.arange(self.n_step, device=row.device)) % rows  # (batch, n_step)
+        lanes = lane[:, None]
+        ended = (self.terminations[ahead, lanes] > 0) | ~self.valid[(ahead + 1) % rows, lanes]
+        # step j counts while no step before it ended the episode
+        counts = F.pad((~ended[:, :-1]).float().cumprod(1), (1, 0), value=1.0)
+        returns = (counts * self.discounts * self.rewards[ahead, lanes]).sum(1)
+        terminated = (counts * self.terminations[ahead, lanes]).sum(1)
+        steps = counts.sum(1)
+        discount = self.gamma**steps * (1 - terminated)
+        next_obs = self.stack_at((row + steps.long()) % rows, lane)
+        return self.stack_at(row, lane), self.actions[row, lane], returns, discount, next_obs
+
+    def stack_at(self, row, lane):
+        """The observation stacks of rows `row` in lanes `lane`, (batch, stack, 84, 84): the frames of the row and the
+        ones before it, held at the row where the stack restarts."""
+        rows = len(self.frames)
+        chain = [row]
+        for _ in range(self.stack - 1):
+            chain.append(torch.where(self.first[chain[-1], lane], chain[-1], (chain[-1] - 1) % rows))
+        return self.frames[torch.stack(chain[::-1], 1), lane[:, None]]
+
+    def update_priorities(self, leaf, losses):
+        """The drawn leaves' new priorities, (loss + eps) ** alpha, and the highest priority seen, in place."""
+        priority = losses + self.eps
+        torch.maximum(self.max_priority, priority.max(), out=self.max_priority)
+        self.tree.set(leaf, priority**self.alpha)
+
+
+def expected_q(log_probs, support):
+    """The Q-values of return distributions: the mean of each action's distribution over the support."""
+    return (log_probs.exp() * support).sum(-1)
+
+
+def policy(obs, *, q_network, support):
+    """Greedy actions by the expected returns; `q_network` is a detached view of the learner (noisy: its own draw)."""
+    return expected_q(q_network(obs), support).argmax(-1)
+
+
+def project(atoms, probs, support):
+    """The C51 projection: the distribution of atoms `atoms` (batch, n_atoms), clamped into the support, with
+    probabilities `probs`, onto the support, each atom's probability split between the two support points around
+    it in proportion to nearness. As one product with a triangle kernel, max(0, 1 - |atom - z| / delta), which is
+    those two weights, where a scatter would add into the same points from many atoms."""
+    delta = support[1] - support[0]
+    atoms = atoms.clamp(support[0], support[-1])
+    nearness = (1 - (atoms[:, None, :] - support[None, :, None]).abs() / delta).clamp(min=0)  # (batch, z, atom)
+    return (nearness * probs[:, None, :]).sum(-1)
+
+
+def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_network, target_network, support):
+    """The distributional n-step double-Q loss: the cross-entropy between the projected target distribution and the
+    online one of the taken action, per item (the new priorities) and weighted by importance for the gradient.
+    Every forward pass draws its own noise, as the paper's three samples: online for the loss, online for choosing
+    the next action (double Q), target for valuing it. Returns the loss, the per-item losses and the metrics."""
+    with torch.no_grad():
+        next_actions = expected_q(q_network(next_obs), support).argmax(-1)
+        next_log_probs = torch.take_along_dim(target_network(next_obs), next_actions[:, None, None], 1)[:, 0]
+        atoms = returns[:, None] + discounts[:, None] * support
+        target = project(atoms, next_log_probs.exp(), support)
+    log_probs = torch.take_along_dim(q_network(obs), actions[:, None, None], 1)[:, 0]
+    cross_entropy = -(target * log_probs).sum(-1)
+    loss = (weights * cross_entropy).mean()
+    q_values = (log_probs.detach().exp() * support).sum(-1).mean()
+    return loss, cross_entropy.detach(), {"td_loss": loss.detach(), "q_values": q_values}
+
+
+def update(beta, *, sample_fn, loss_fn, optimizer, replay):
+    """One Rainbow step: a prioritized batch, the loss, Adam, the batch's new priorities, all on the device. The draw
+    and the loss are the pieces --compile compiles (the loss's forward and backward are one graph each); the
+    backward call and the fused Adam step, which dynamo does not trace, run between them."""
+    leaf, weights, *batch = sample_fn(beta)
+    loss, losses, metrics = loss_fn(*batch, weights)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    replay.update_priorities(leaf, losses)
+    return metrics
+
+
+def epsilon_at(step, args):
+    """0 with noisy layers, which explore by their noise alone (the paper's Rainbow); with --no-noisy the linear
+    schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    if args.noisy:
+        return 0.0
+    slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
+    return max(slope * step + args.start_e, args.end_e)
+
+
+def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
+    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
+    exploits, random actions are drawn only when some env explores (at epsilon 0: never)."""
+    exploit = rng.random(len(obs)) >= epsilon
+    if not exploit.any():
+        return rng.integers(num_actions, size=len(obs))
+    greedy = policy_step(torch.from_numpy(obs).to(device, non_blocking=True)).cpu().numpy()
+    return greedy if exploit.all() else np.where(exploit, greedy, rng.integers(num_actions, size=len(obs)))
+
+
+def beta_at(step, args):
+    """The importance-sampling exponent, from prioritized_replay_beta at the start to 1 at the end."""
+    return min(1.0, args.prioritized_replay_beta + step * (1.0 - args.prioritized_replay_beta) / args.total_timesteps)
+
+
+def first_screen(envs):
+    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
+    return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
+
+
+def game_video(folder, first_frame, fps=15):
+    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
+    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 108k frames)."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    os.makedirs(folder, exist_ok=True)
+    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
+    writer.write_frame(first_frame)
+    return writer
+
+
+def evaluate(q_network, support, args, device, video_folder=None):
+    """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol
+    (a greedy agent can stall: in Breakout, by never firing a new ball, until the time limit), with the network's
+    mean weights: noisy layers in eval mode. With `video_folder`, the first env's game is recorded there."""
+    q_network.eval()
+    envs = make_envs(
+        args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
+    )
+    obs, _ = envs.reset()
+    video = game_video(video_folder, first_screen(envs)) if video_folder else None
+    rng = np.random.default_rng(args.seed)
+    num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():
+        stop_if_signalled()
+        actions = epsilon_greedy(
+            partial(policy, q_network=q_network, support=support), obs, 0.05, rng, num_actions, device
+        )
+        obs, _, _, truncations, infos = envs.step(actions.astype(np.int32))
+        if video and not finished[0]:
+            video.write_frame(first_screen(envs))
+        returns += infos["reward"] * ~finished
+        finished |= infos["terminated"].astype(bool) | truncations
+    if video:
+        video.close()
+    envs.close()
+    return returns.tolist()
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
+    counts = ("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "n_step")
+    rates = ("learning_rate", "tau", "exploration_fraction")
+    fractions = ("gamma", "tau", "exploration_fraction", "prioritized_replay_beta")
+    run = Run(args, counts=counts, rates=rates, fractions=fractions)
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
+    first_ready = (args.n_step + 1) * args.num_envs  # the steps before the first transition can be drawn
+    if args.learning_starts < max(args.batch_size, first_ready):
+        fail(
+            f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size} and "
+            f"(--n-step + 1) x --num-envs ({first_ready})"
+        )
+    if args.n_atoms < 2 or not args.v_min < args.v_max:
+        fail(f"the support needs --n-atoms of 2 or more (not {args.n_atoms}) and --v-min below --v-max")
+    if not args.prioritized_replay_alpha >= 0 or not args.prioritized_replay_eps > 0:
+        fail("--prioritized-replay-alpha must be 0 or more (0: uniform replay) and --prioritized-replay-eps positive")
+    device = run.device
+    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    tune_cpu(args.torch_threads, device, threads=usable_cores())
+
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
+    num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
+    # a frame, action, reward, termination, 2 flags and a priority per transition
+    check_fits(args.buffer_size * (84 * 84 + 22), device, "--buffer-size")
+    network = partial(RainbowNetwork, num_actions, args.n_atoms, args.noisy)
+    q_network = network().to(device)
+    target_network = network().to(device).requires_grad_(False)
+    q_view = network().to("meta")  # acts with the learner's weights, shared and without grad
+    from_module(q_network).data.to_module(q_view)
+    q_view.requires_grad_(False)
+    support = torch.linspace(args.v_min, args.v_max, args.n_atoms, device=device)
+    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step; eps is the paper's.
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(
+        q_network.parameters(), lr=learning_rate, eps=1.5e-4, fused=True, capturable=run.cudagraphs
+    )
+    run.save_and_load({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions, n_atoms=args.n_atoms)
+    target_network.load_state_dict(q_network.state_dict())
+    target_params = from_module(target_network)
+    online_params = from_module(q_network).data
+
+    rb = FrameReplay(
+        args.buffer_size,
+        args.num_envs,
+        device,
+        args.n_step,
+        args.gamma,
+        args.prioritized_replay_alpha,
+        args.prioritized_replay_eps,
+    )
+    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
+    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(maybe_compile(policy), q_network=q_view, support=support)
+    sample_step = partial(maybe_compile(rb.sample), args.batch_size)
+    loss_step = partial(
+        maybe_compile(rainbow_loss), q_network=q_network, target_network=target_network, support=support
+    )
+    update_step = partial(update, sample_fn=sample_step, loss_fn=loss_step, optimizer=optimizer, replay=rb)
+    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+        policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
+
+    rng = np.random.default_rng(args.seed)  # exploration (with --no-noisy): coins and random actions on the host
+    beta = torch.tensor(args.prioritized_replay_beta, device=device)  # filled in place: a graph reads its address
+    target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
+    scores = np.zeros(args.num_envs)
+    lengths = np.zeros(args.num_envs, int)
+    num_updates = 0
+    metrics = {}
+    global_step = 0
+    obs, _ = envs.reset()
+    run.start()
+    with run.stoppable():
+        for iteration in range(args.total_timesteps // args.num_envs):
+            stop_if_signalled()
+            global_step = iteration * args.num_envs
+            actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
+            next_obs, rewards, terminations, truncations, infos = run.timed_env_call(
+                envs.step, actions.astype(np.int32)
+            )
+            game_over = infos["terminated"].astype(bool) | truncations
+            reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
+            restart = game_over if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
+            rb.add(iteration, obs, actions, rewards, terminations, reset, restart)
+            obs, global_step = next_obs, global_step + args.num_envs
+            scores, lengths = scores + infos["reward"], lengths + 1  # the true score: info["reward"] is unclipped
+            for score, length in zip(scores[game_over], lengths[game_over]):
+                run.record_episode(global_step, score, length)
+            scores[game_over] = 0
+            lengths[game_over] = 0
+
+            # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
+            while num_updates < (global_step - args.learning_starts) // args.train_frequency:
+                if num_updates == args.measure_burnin:
+                    run.start_speed_measure(global_step)
+                beta.fill_(beta_at(global_step, args))
+                metrics = update_step(beta)
+                num_updates += 1
+                if num_updates % target_every == 0:
+                    target_params.lerp_(online_params, args.tau)
+                if num_updates % LOG_EVERY == 0:
+                    replay_ratio = num_updates * args.batch_size / (global_step - args.learning_starts)
+                    charts = dict(beta=beta_at(global_step, args), replay_ratio=replay_ratio)
+                    if not args.noisy:
+                        charts["epsilon"] = epsilon_at(global_step, args)
+                    run.log(global_step, metrics, charts=charts)
+    run.end_training(global_step, metrics)
+    envs.close()
+
+    summary = {
+        "env_backend": args.env_backend,
+        "num_updates": num_updates,
+        "compiled_pieces": ["policy", "rainbow_loss", "sample"] if args.compile else [],
+        "replay_ratio_target": args.batch_size / args.train_frequency,
+        "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
+    }
+    run.evaluate_and_write(partial(evaluate, q_view, support, args, device, run.video_folder), summary)
