@@ -243,6 +243,7 @@ class SumTree:
     time; the cost is O(sqrt(capacity)) work a draw (2,000 additions for a million), nothing beside a network."""
 
     def __init__(self, capacity, device):
+        self.capacity = capacity
         self.block = 2 ** math.ceil(math.log2(capacity) / 2)
         self.leaves = torch.zeros((math.ceil(capacity / self.block), self.block), device=device)
         self.sums = torch.zeros(len(self.leaves), device=device)
@@ -261,11 +262,13 @@ class SumTree:
         block_ends = self.sums.cumsum(0)
         total = block_ends[-1]
         target = torch.minimum(fractions * total, total * below_one)
-        block = torch.searchsorted(block_ends, target, right=True)
+        # the clamps only matter for priorities gone non-finite: the run then stops with that, not an index error
+        block = torch.searchsorted(block_ends, target, right=True).clamp(max=len(self.sums) - 1)
         leaf_ends = self.leaves[block].cumsum(1)
         within = (target - block_ends[block] + self.sums[block]).clamp(min=0)
         within = torch.minimum(within, leaf_ends[:, -1] * below_one)
-        index = block * self.block + torch.searchsorted(leaf_ends, within[:, None], right=True)[:, 0]
+        leaf = torch.searchsorted(leaf_ends, within[:, None], right=True)[:, 0]
+        index = (block * self.block + leaf).clamp(max=self.capacity - 1)
         return index, self.leaves.view(-1)[index] / total
 
 
@@ -348,7 +351,7 @@ class FrameReplay:
 
     def update_priorities(self, leaf, losses):
         """The drawn leaves' new priorities, (loss + eps) ** alpha, and the highest priority seen, in place."""
-        priority = losses + self.eps
+        priority = losses.clamp(min=0) + self.eps  # a divergence rounded below 0 is 0
         torch.maximum(self.max_priority, priority.max(), out=self.max_priority)
         self.tree.set(leaf, priority**self.alpha)
 
@@ -375,8 +378,9 @@ def project(atoms, probs, support):
 
 
 def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_network, target_network, support):
-    """The distributional n-step double-Q loss: the cross-entropy between the projected target distribution and the
-    online one of the taken action, per item (the new priorities) and weighted by importance for the gradient.
+    """The distributional n-step double-Q loss: the KL divergence from the projected target distribution to the online
+    one of the taken action, per item (the new priorities, the paper's) and weighted by importance for the gradient
+    (the cross-entropy's gradient: the two differ by the target's entropy, a constant of the weights).
     Every forward pass draws its own noise, as the paper's three samples: online for the loss, online for choosing
     the next action (double Q), target for valuing it. Returns the loss, the per-item losses and the metrics."""
     with torch.no_grad():
@@ -385,10 +389,10 @@ def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_netwo
         atoms = returns[:, None] + discounts[:, None] * support
         target = project(atoms, next_log_probs.exp(), support)
     log_probs = torch.take_along_dim(q_network(obs), actions[:, None, None], 1)[:, 0]
-    cross_entropy = -(target * log_probs).sum(-1)
-    loss = (weights * cross_entropy).mean()
+    divergence = (torch.special.xlogy(target, target) - target * log_probs).sum(-1)
+    loss = (weights * divergence).mean()
     q_values = (log_probs.detach().exp() * support).sum(-1).mean()
-    return loss, cross_entropy.detach(), {"td_loss": loss.detach(), "q_values": q_values}
+    return loss, divergence.detach(), {"td_loss": loss.detach(), "q_values": q_values}
 
 
 def update(beta, *, sample_fn, loss_fn, optimizer, replay):
@@ -396,11 +400,11 @@ def update(beta, *, sample_fn, loss_fn, optimizer, replay):
     and the loss are the pieces --compile compiles (the loss's forward and backward are one graph each); the
     backward call and the fused Adam step, which dynamo does not trace, run between them."""
     leaf, weights, *batch = sample_fn(beta)
-    loss, losses, metrics = loss_fn(*batch, weights)
+    loss, divergences, metrics = loss_fn(*batch, weights)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    replay.update_priorities(leaf, losses)
+    replay.update_priorities(leaf, divergences)
     return metrics
 
 

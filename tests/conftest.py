@@ -67,6 +67,7 @@ COMPILED = {
     "dqn_atari_async.py": (["td_loss"], 1, 0),
     "pqn.py": (["policy", "q_lambda_returns", "td_loss"], 3, 0),
     "pqn_atari_envpool.py": (["policy", "q_lambda_returns", "td_loss"], 3, 0),
+    "rainbow_atari.py": (["policy", "rainbow_loss", "sample"], 3, 0),
     "sac_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),

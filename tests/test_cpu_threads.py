@@ -22,7 +22,7 @@ import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
 from conftest import ALL_SCRIPTS, SCRIPTS, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "dqn_atari.py"]
-CNN_SCRIPTS += ["dqn_atari_async.py", "impala_ray.py", "pqn_atari_envpool.py"]
+CNN_SCRIPTS += ["dqn_atari_async.py", "impala_ray.py", "pqn_atari_envpool.py", "rainbow_atari.py"]
 FREED_MEMORY_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "impala_ray.py"]
 FREED_MEMORY_SCRIPTS += ["pqn_atari_envpool.py"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
@@ -60,6 +60,7 @@ THREADS_ASKED = [
     ("ppo_atari_envpool_async.py", {}, 16),
     ("ppo_atari_lstm.py", {}, 16),
     ("dqn_atari.py", {}, 16),
+    ("rainbow_atari.py", {}, 16),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=True)}, 15),
     ("dqn_atari_async.py", {"q_network": SimpleNamespace(pixels=False)}, 1),
     ("impala_ray.py", {"kind": "atari", "args": SimpleNamespace(ray_address="", num_actors=4)}, 12),

@@ -28,6 +28,10 @@ RUNS = {
         ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
         {"q_view": "q_network"},
     ),
+    "rainbow_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
+        {"q_view": "q_network"},
+    ),
     # the actor process acts with a shared CPU copy, written after every update with --actor-sync-every 1
     "dqn_atari_async.py": ([*CARTPOLE, "--batch-size", 64, "--actor-sync-every", 1], {"actor.q_network": "q_network"}),
     "sac_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),

@@ -16,6 +16,7 @@ NEEDS_EXTRA = {
     "dqn_atari.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "dqn_atari_async.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "pqn_atari_envpool.py": ([], ["envpool"], 'pip install ".[envpool]"'),
+    "rainbow_atari.py": ([], ["envpool"], 'pip install ".[envpool]"'),
     "impala_ray.py": ([], ["ray"], 'pip install ".[ray]"'),
 }
 
@@ -83,6 +84,7 @@ DQN_TINY = ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size",
         ("dqn_atari.py", [*DQN_TINY, "--env-backend", "gymnasium"]),
         ("dqn_atari_async.py", DQN_TINY),
         ("pqn_atari_envpool.py", PPO_TINY),
+        ("rainbow_atari.py", DQN_TINY),
     ],
 )
 def test_cleanrls_atari_id_runs_as_the_v5_id_of_the_same_game(script, args, tmp_path):

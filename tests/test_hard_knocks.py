@@ -88,6 +88,14 @@ CASES = {
         lr="--learning-rate",
         other="ppo_atari_envpool.py",
     ),
+    # DQN Atari's torso with dueling distributional heads: a dqn_atari.py model is another network
+    "rainbow_atari.py": dict(
+        base=["--env-id", "Breakout-v5"],
+        tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--batch-size", 32],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn_atari.py",
+    ),
     # on CartPole: its actor process and rate limiter are what this script adds; a dqn.py model is another network
     "dqn_atari_async.py": dict(
         base=["--env-id", "CartPole-v1"],

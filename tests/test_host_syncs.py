@@ -52,6 +52,10 @@ CASES = {
         ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2, "--start-e", 0.5],
         {"policy", "td_loss", "update"},
     ),
+    "rainbow_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
+        {"policy", "rainbow_loss", "sample", "update"},
+    ),
     # the learner compiles its loss only: the actor process acts eagerly
     "dqn_atari_async.py": (
         [

@@ -39,6 +39,7 @@ MAX_TOKENS = {
     "impala_ray.py": 6771,
     "pqn.py": 2145,
     "pqn_atari_envpool.py": 2574,
+    "rainbow_atari.py": 4702,
     MODULE: 3778,
 }
 # What a script may take from the module; the rest of it is private (a leading underscore).

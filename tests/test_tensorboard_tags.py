@@ -30,6 +30,7 @@ CLEANRL_TAGS = {
     "ppo_atari_multigpu.py": PPO,
     "pqn.py": PQN,
     "pqn_atari_envpool.py": PQN | {"charts/avg_episodic_return"},
+    "rainbow_atari.py": EPISODES | {"charts/SPS", "charts/beta", "losses/td_loss", "losses/q_values"},
 }
 PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 600, "--learning-starts", 200, "--batch-size", 32]
 # Runs long enough for episodes to end, updates to be logged and the speed to be measured; an evaluation where
@@ -58,6 +59,7 @@ RUNS = {
     "ppo_atari_multigpu.py": [*ATARI_PPO, "--local-num-envs", 8],
     "pqn.py": ["--total-timesteps", 2048, "--eval-episodes", 0],
     "pqn_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
+    "rainbow_atari.py": [*ATARI_DQN, "--eval-episodes", 0],
 }
 
 

@@ -26,6 +26,7 @@ RECORDED = {
     "impala_ray.py": ([], CARTPOLE_SCREEN),
     "pqn.py": ([], CARTPOLE_SCREEN),
     "pqn_atari_envpool.py": ([], ATARI_SCREEN),
+    "rainbow_atari.py": ([], ATARI_SCREEN),
 }
 
 
