@@ -159,8 +159,15 @@ ALE_DQN_PATCHES = [
     ("gym.wrappers.FrameStack(env, 4)", "gym.wrappers.FrameStackObservation(env, 4)", "renamed in gymnasium 1.0"),
 ]
 REFERENCE_PATCHES["dqn_atari"] = REFERENCE_PATCHES["dqn_atari_jax"] = ALE_DQN_PATCHES
-# CleanRL's Rainbow has its DQN's env set-up lines: the same patches
-REFERENCE_PATCHES["rainbow_atari"] = ALE_DQN_PATCHES
+# CleanRL's Rainbow has its DQN's env set-up lines: the same patches; and it stores its one env's step as arrays of
+# one, which NumPy 2 no longer writes into one element
+REFERENCE_PATCHES["rainbow_atari"] = ALE_DQN_PATCHES + [
+    (
+        "        rb.add(obs, actions, rewards, real_next_obs, terminations)\n",
+        "        rb.add(obs[0], actions[0], rewards[0], real_next_obs[0], terminations[0])\n",
+        "NumPy 2 refuses an array of one as one element of an array: the one env's values (the script takes one env)",
+    )
+]
 # LeanRL's PPO Atari scripts (plain and compiled) have CleanRL's env set-up lines, so the same patches; its compiled
 # one also the copy of the weights for acting (else a rollout's graph holds them and the update backs through twice)
 REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_atari_envpool"] + [

@@ -5,8 +5,9 @@ prioritized replay, each as its paper has it.
 Memory: each frame is stored once and the 4-frame stacks are rebuilt at sample time, as in dqn_atari.py; the n-step
 returns are summed at sample time from the stored rewards, so n costs no memory. Speed: the priorities are a sum tree
 of two levels in device tensors, so a batch is drawn and its priorities written back by a fixed dozen kernels, with no
-Python loop over its items and no host sync; the whole update (draw, loss, Adam, priorities) takes torch.compile and
-one CUDA graph. The acting network reads the learner's weights through a detached view and draws its own noise.
+Python loop over its items and no host sync; torch.compile takes the draw and the loss, and one CUDA graph the whole
+update (draw, loss, Adam, priorities). The acting network reads the learner's weights through a detached view and
+draws its own noise.
     python leanrl_scripts/rainbow_atari.py --env-id Breakout-v5 --compile
 """
 
