@@ -495,9 +495,9 @@ def test_learns_ms_pacman_above_a_random_policy(workdir):
     """dqn_atari.py's MsPacman test with Rainbow's own settings but for the budget: 40,000 steps (4 envs), 4,000 of
     them before learning, the target copied every 2,000 steps. About 10 minutes on a 2-core AMD EPYC: seed 1
     evaluated 512 (20 games at epsilon 0.05, the noise off; median 475) against a random policy's 248, a trained
-    game ahead of a random one in 86% of pairs. Seed 2 evaluated 327 (median
-    250), no better than random by rank, while its last training games, noise on, averaged 514: at this budget the
-    mean weights that evaluation plays (as Dopamine's, noise off) can lag the noisy policy that trained."""
+    game ahead of a random one in 86% of pairs. Seed 2 evaluated 327 (median 250), no better than random by rank,
+    while its last training games, noise on, averaged 514: at this budget the mean weights that evaluation plays (as
+    Dopamine's, noise off) can lag the noisy policy that trained."""
     pytest.importorskip("envpool")
     args = ["--env-id", "MsPacman-v5", "--total-timesteps", 40_000, "--learning-starts", 4000]
     args += ["--buffer-size", 40_000, "--num-envs", 4, "--target-network-frequency", 2000, "--eval-episodes", 20]
