@@ -79,6 +79,8 @@ def words(table, task, side, profile):
     if side == "ours":
         eval_episodes = ["--eval-episodes", str(table["eval_episodes"][profile])]
         return entry.get("launcher", []), f"leanrl_scripts/{entry['script']}", flags + eval_episodes
+    if "reference_env" in entry:
+        flags[flags.index("--env-id") + 1] = entry["reference_env"]
     return [], f"{REFERENCE_REPOS[side.split('-')[0]][2]}/{dict(entry['references'])[side]}.py", flags
 
 

@@ -492,15 +492,15 @@ def random_policy_scores(env_id, games, seed):
 
 @pytest.mark.learning
 def test_learns_ms_pacman_above_a_random_policy(workdir):
-    """dqn_atari.py's MsPacman test with Rainbow's own settings but for the budget: 40,000 steps (4 envs), 4,000 of
-    them before learning, the target copied every 2,000 steps. About 10 minutes on a 2-core AMD EPYC: seed 1
-    evaluated 512 (20 games at epsilon 0.05, the noise off; median 475) against a random policy's 248, a trained
-    game ahead of a random one in 86% of pairs. Seed 2 evaluated 327 (median 250), no better than random by rank,
-    while its last training games, noise on, averaged 514: at this budget the mean weights that evaluation plays (as
-    Dopamine's, noise off) can lag the noisy policy that trained."""
+    """dqn_atari.py's MsPacman test with Rainbow's settings but for the budget: 20,000 steps (4 envs), 2,000 of them
+    before learning, the target copied every 1,000 steps, DQN's learning rate 2.5e-4 (Rainbow's 6.25e-5 is made
+    for 50M frames). Seed 1 evaluated 619 (20 games at epsilon 0.05, the noise off) against a random policy's 248.
+    Seed 2 evaluated 311, no better than random by rank; its last training games, noise on, scored 210 each. Rainbow
+    learns MsPacman at this budget with some seeds, not all: benchmarks/settings.toml's rainbow_ms_pacman task runs
+    these settings over seeds beside CleanRL's script."""
     pytest.importorskip("envpool")
-    args = ["--env-id", "MsPacman-v5", "--total-timesteps", 40_000, "--learning-starts", 4000]
-    args += ["--buffer-size", 40_000, "--num-envs", 4, "--target-network-frequency", 2000, "--eval-episodes", 20]
+    args = ["--env-id", "MsPacman-v5", "--total-timesteps", 20_000, "--learning-starts", 2000, "--buffer-size", 20_000]
+    args += ["--num-envs", 4, "--target-network-frequency", 1000, "--learning-rate", 2.5e-4, "--eval-episodes", 20]
     summary, _ = run_script(SCRIPT, [*args, "--seed", 1], workdir)
     random_scores = random_policy_scores("MsPacman-v5", 30, seed=1)
     assert_beats_random(summary["eval_returns"], random_scores, factor=1.5)
