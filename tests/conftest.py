@@ -34,6 +34,10 @@ ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py"
 # One inductor cache for the whole session (and its subprocesses): each graph is compiled once.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(ROOT, ".torchinductor-cache"))
 
+STANDIN = os.path.join(ROOT, "tests", "standin")  # envpool's stand-in with its small Atari-shaped tasks
+SABOTAGE = os.path.join(ROOT, "tests", "sabotage")  # zeroes every optimizer step's gradients
+BREAK_LEARNER = "LEANRL_TESTS_BREAK_LEARNER"
+
 SUMMARY_KEYS = {
     "script",
     "env_id",
@@ -217,9 +221,12 @@ class ServedScript:
 
 def start_script(script, args, cwd, env=None, new_session=False, sigint_default=False, file_size_limit=None):
     """`python leanrl_scripts/<script> ARGS` in `cwd`, its stdout and stderr piped: forked by the script server, or a
-    fresh interpreter where its environment asks for one (READ_AT_START) or LEANRL_TESTS_FRESH=1 is set."""
+    fresh interpreter where its environment asks for one (READ_AT_START) or LEANRL_TESTS_FRESH=1 is set. Under
+    `--break-learner`, tests/sabotage comes first on its PYTHONPATH."""
     path = os.path.join(SCRIPTS, script) if not os.path.isabs(script) else script
     env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+    if os.environ.get(BREAK_LEARNER) == "1":
+        env["PYTHONPATH"] = os.pathsep.join([SABOTAGE, env["PYTHONPATH"]])
     if os.environ.get("LEANRL_TESTS_FRESH") != "1":
         if not SERVER:
             SERVER.append(ScriptServer())
@@ -280,7 +287,7 @@ def run_script(script, args, cwd, check=True, timeout=900, env=None):
     proc = start_script(script, args, cwd, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # its own timeout, the test's limit (pytest-timeout), Ctrl-C: the run goes too
         proc.kill()
         proc.communicate()
         raise
@@ -296,6 +303,21 @@ def run_script(script, args, cwd, check=True, timeout=900, env=None):
     assert json.loads(speed_lines[-1][len("SPEED ") :]) == summary
     summary["run_dir"] = run_dir
     return summary, proc
+
+
+def run_on_standin(script, args, cwd):
+    """run_script with envpool's stand-in (tests/standin/envpool.py) first on the run's PYTHONPATH: the script's own
+    env code makes its tasks (Cue-v5, Recall-v5) as it makes an Atari game."""
+    return run_script(script, args, cwd, env={"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])})
+
+
+CUE_RANDOM_SCORE = 8.0  # a random policy's game on Cue-v5: 32 steps, one action of 4 scores (test_standin_envpool)
+
+
+def assert_learns_the_cue(summary):
+    """On Cue-v5, the last 20 training games and the evaluation games each score at least twice a random policy."""
+    assert summary["return_mean"] >= 2 * CUE_RANDOM_SCORE, summary["return_mean"]
+    assert summary["eval_return_mean"] >= 2 * CUE_RANDOM_SCORE, summary["eval_returns"]
 
 
 def speed_up(fn, compile, cudagraphs):
@@ -437,6 +459,22 @@ def assert_beats_random(trained, random_scores, factor):
 
 
 SLOW_LEFT_OUT = pytest.StashKey[int]()
+# Per test, past which it fails in its place (pytest-timeout; the fast tier's limit is pyproject.toml's): the slow
+# tier's longest take 2-5 minutes here, the real games up to 11.
+SLOW_TEST_LIMIT, BENCHMARK_TEST_LIMIT = 900, 1800
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--break-learner",
+        action="store_true",
+        help="run every script with its gradients zeroed (tests/sabotage): each learning test must then fail",
+    )
+
+
+def pytest_configure(config):
+    if config.getoption("--break-learner"):  # read by start_script, in xdist's workers too
+        os.environ[BREAK_LEARNER] = "1"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -466,16 +504,20 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Two tiers: `python -m pytest` leaves out the tests marked slow (the learning tests among them), `-m slow` runs
-    only those, `-m "slow or not slow"` both; a test named by its node id runs whatever its tier."""
+    """Three tiers: `python -m pytest` leaves out the tests marked slow (the learning tests among them) and those
+    marked benchmark (the real games), `-m slow` runs only the slow ones, `-m benchmark` only the real games; a test
+    named by its node id runs whatever its tier."""
     for item in items:
-        if item.get_closest_marker("learning"):
+        if item.get_closest_marker("learning") and not item.get_closest_marker("benchmark"):
             item.add_marker(pytest.mark.slow)
+        for tier, seconds in (("benchmark", BENCHMARK_TEST_LIMIT), ("slow", SLOW_TEST_LIMIT)):
+            if item.get_closest_marker(tier) and not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(seconds))
     if config.option.markexpr or any("::" in arg for arg in config.args):
         return
-    slow = [item for item in items if item.get_closest_marker("slow")]
+    slow = [item for item in items if item.get_closest_marker("slow") or item.get_closest_marker("benchmark")]
     if slow:
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        items[:] = [item for item in items if item not in slow]
         config.hook.pytest_deselected(items=slow)
         config.stash[SLOW_LEFT_OUT] = len(slow)
         if hasattr(config, "workeroutput"):  # an xdist worker: the count goes to the main process
@@ -492,6 +534,6 @@ def pytest_testnodedown(node, error):
 def pytest_terminal_summary(terminalreporter, config):
     if config.stash.get(SLOW_LEFT_OUT, 0):
         terminalreporter.write_line(
-            f"{config.stash[SLOW_LEFT_OUT]} slow tests left out: python -m pytest -m slow "
-            "runs them (CI runs both tiers)"
+            f"{config.stash[SLOW_LEFT_OUT]} slow and benchmark tests left out: python -m pytest -m slow runs the "
+            "slow ones (CI runs both tiers), -m benchmark the real games"
         )

@@ -4,14 +4,15 @@ A script's imports (torch, tensordict with torch._dynamo, gymnasium, TensorBoard
 2-core machine, and the tests start the scripts hundreds of times: most of the suite's time went there. This server
 imports them once and does what a process's first torch.compile sets up (warm_up_compile); for each run it forks,
 and the child runs the script as `python script.py ARGS` would: its own argv, working directory, environment,
-session if asked, the test's pipes as stdin, stdout and stderr, the script run as __main__, then the interpreter's
-exit (non-daemon threads joined, atexit functions run, the exit code of SystemExit, SIGINT re-raised after a
-KeyboardInterrupt). PYTHONPATH entries a test puts before the server's come first on sys.path, and the modules they
-shadow are dropped from the server's imports (a test hides an extra that way). What a fork cannot give is what the
-interpreter and libgomp read once at start-up: conftest.start_script runs a fresh interpreter when a test's
-environment differs from the server's there (the OpenMP and thread variables, PYTHONPATH otherwise), and
-LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter. A process that a served run starts with multiprocessing's
-spawn (the async DQN's actor) is forked here too, through tests/served_python.py.
+session if asked, the test's pipes as stdin, stdout and stderr, a sitecustomize module that the test's PYTHONPATH
+entries hold, the script run as __main__, then the interpreter's exit (non-daemon threads joined, atexit functions
+run, the exit code of SystemExit, SIGINT re-raised after a KeyboardInterrupt). PYTHONPATH entries a test puts before
+the server's come first on sys.path, and the modules they shadow are dropped from the server's imports (a test hides
+an extra that way). What a fork cannot give is what the interpreter and libgomp read once at start-up:
+conftest.start_script runs a fresh interpreter when a test's environment differs from the server's there (the OpenMP
+and thread variables, PYTHONPATH otherwise), and LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter. A process
+that a served run starts with multiprocessing's spawn (the async DQN's actor) is forked here too, through
+tests/served_python.py.
 
     python tests/script_server.py SOCKET    (conftest.py starts it; one JSON request per connection)
 """
@@ -19,6 +20,7 @@ spawn (the async DQN's actor) is forked here too, through tests/served_python.py
 import atexit
 import ctypes
 import fcntl
+import importlib
 import json
 import multiprocessing
 import os
@@ -108,6 +110,8 @@ def run_child(request, fds):
         shadowed = {name.removesuffix(".py") for name in os.listdir(folder)}
         for name in [name for name in sys.modules if name.split(".")[0] in shadowed]:
             del sys.modules[name]  # imported by the server: the run imports the test's module instead
+        if "sitecustomize" in shadowed:  # what a fresh interpreter imports as it starts
+            importlib.import_module("sitecustomize")
     code = 0
     try:
         run()

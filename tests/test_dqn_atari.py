@@ -230,6 +230,7 @@ def random_policy_scores(env_id, games, seed):
     return scores
 
 
+@pytest.mark.benchmark
 @pytest.mark.learning
 def test_learns_ms_pacman_above_a_random_policy(workdir):
     """About 4 minutes on a 2-core CPU: 40,000 steps (4 envs), 4,000 before learning, epsilon annealed over

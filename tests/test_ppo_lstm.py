@@ -232,6 +232,7 @@ def test_bad_input_exits_with_code_2(args, message, workdir):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.benchmark
 @pytest.mark.learning
 def test_learns_breakout_well_above_a_random_policy(workdir):
     """About 4 minutes on a 2-core CPU: 98,304 steps with CleanRL's settings except one env row per minibatch

@@ -17,8 +17,10 @@ from conftest import (
     SUMMARY_KEYS,
     assert_beats_random,
     assert_compiled_as_designed,
+    assert_learns_the_cue,
     assert_same_seed_same_numbers,
     load_script,
+    run_on_standin,
     run_script,
     speed_up,
 )
@@ -287,6 +289,16 @@ def random_policy_scores(env_id, games, seed):
     return scores
 
 
+@pytest.mark.learning
+def test_learns_the_cue_task(workdir):
+    """Cue-v5 (tests/standin/envpool.py) through pqn_atari_envpool.py's envpool code: 4,096 steps, rollouts of 32
+    steps and lr 1e-3, epsilon annealed over the first 410, about 35 s. A random policy scores 8 a game."""
+    args = ["--env-id", "Cue-v5", "--total-timesteps", 4096, "--num-steps", 32, "--learning-rate", 1e-3]
+    summary, _ = run_on_standin(ATARI, [*args, "--eval-episodes", 10, "--seed", 1], workdir)
+    assert_learns_the_cue(summary)
+
+
+@pytest.mark.benchmark
 @pytest.mark.learning
 def test_learns_breakout_well_above_a_random_policy(workdir):
     """About 5 minutes on a 2-core CPU: 49,152 steps with CleanRL's settings but for the budget, so exploration ends

@@ -490,6 +490,7 @@ def random_policy_scores(env_id, games, seed):
     return scores
 
 
+@pytest.mark.benchmark
 @pytest.mark.learning
 def test_learns_ms_pacman_above_a_random_policy(workdir):
     """dqn_atari.py's MsPacman test with Rainbow's settings but for the budget: 20,000 steps (4 envs), 2,000 of them
