@@ -107,11 +107,11 @@ def test_async_send_and_recv_hand_out_batches_of_envs_by_id_as_breakout():
 
 
 def play(task, choose, games=1, num_envs=64):
-    """The true score of `games` games (no episodic life) in each of `num_envs` envs, actions from choose(envs, obs);
-    with the frame stacks seen at Recall-v5's questions."""
+    """The true score of `games` games (no episodic life, a reset step after each) in each of `num_envs` envs,
+    actions from choose(envs, obs); with the frame stacks seen at Recall-v5's questions."""
     envs = make("standin", task, num_envs=num_envs, seed=3, episodic_life=False, reward_clip=False)
     obs, _ = envs.reset()
-    steps = standin.LIVES * (standin.RECALL_DELAY + 1 if task == "Recall-v5" else standin.LIFE_STEPS) + 1  # + reset
+    steps = standin.LIVES[task] * (standin.RECALL_DELAY + 1 if task == "Recall-v5" else standin.LIFE_STEPS) + 1
     total, asked = 0.0, []
     for _ in range(games * steps):
         obs, _, _, _, info = envs.step(choose(envs, obs))
@@ -123,12 +123,12 @@ def play(task, choose, games=1, num_envs=64):
 @pytest.mark.parametrize("task", standin.TASKS)
 def test_a_random_policy_scores_a_quarter_of_what_the_cue_scores(task):
     """What the learning tests' thresholds stand on: the cue's action scores every point (32 a game on Cue-v5, one
-    a life on Recall-v5), a random policy a quarter of that; at Recall-v5's question no frame of the stack shows
+    a game on Recall-v5), a random policy a quarter of that; at Recall-v5's question no frame of the stack shows
     the cue, so a frame stack cannot answer it."""
     rng = np.random.default_rng(0)
     cued, asked = play(task, lambda envs, obs: envs.cue.copy())
     random, _ = play(task, lambda envs, obs: rng.integers(0, 4, len(obs)), games=20)
-    best = standin.LIVES * (standin.LIFE_STEPS if task == "Cue-v5" else 1)
+    best = standin.LIVES[task] * (standin.LIFE_STEPS if task == "Cue-v5" else 1)
     assert cued == best and 0.22 * best < random < 0.28 * best
     if task == "Recall-v5":
         shown = [

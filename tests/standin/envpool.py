@@ -12,8 +12,8 @@ and the async send/recv with info["env_id"].
   16 steps, a game 2 lives: a random policy scores 8 a game, a perfect one 32. What it takes is a CNN that reads
   the newest frame: the image pipeline (storage, frame order, the network, the update) has to work.
 - Recall-v5: a quadrant lit once, then blank frames, then a frame with a bar across its middle: the action of the
-  quadrant shown at the start scores 1 there and ends the life (a random policy: 0.25 a life, 0.5 a game of 2 lives).
-  The cue is RECALL_DELAY frames before the question, more than a stack of 4 frames holds: only a memory solves it.
+  quadrant shown at the start scores 1 there and ends the game (one life; a random policy scores 0.25). The cue is
+  RECALL_DELAY frames before the question, more than a stack of 4 frames holds: only a memory solves it.
 
 LEANRL_STANDIN_REWARD_SIGN=-1 hands the agent the rewards with their sign flipped (info["reward"] keeps the true
 score): the learner is then trained away from the task, which a learning test must notice.
@@ -28,7 +28,7 @@ SIZE = 84
 NUM_ACTIONS = 4
 LIFE_STEPS = 16  # Cue-v5
 RECALL_DELAY = 6  # Recall-v5: blank frames between the cue and the question
-LIVES = 2
+LIVES = {"Cue-v5": 2, "Recall-v5": 1}
 TASKS = ("Cue-v5", "Recall-v5")
 
 
@@ -85,7 +85,7 @@ class CueEnvPool:
     """num_envs games stepped together (or batch_size of them at a time through send/recv)."""
 
     def __init__(self, task_id, num_envs, batch_size, seed, stack_num, episodic_life, render_mode):
-        self.recall = task_id == "Recall-v5"
+        self.recall, self.full_lives = task_id == "Recall-v5", LIVES[task_id]
         self.num_envs, self.batch_size, self.episodic_life = num_envs, batch_size, episodic_life
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(0, 255, (stack_num, SIZE, SIZE), np.uint8)
@@ -94,7 +94,7 @@ class CueEnvPool:
         self.stacks = np.zeros((num_envs, stack_num, SIZE, SIZE), np.uint8)
         self.cue = np.zeros(num_envs, np.int64)
         self.t = np.zeros(num_envs, np.int64)  # step within the life
-        self.lives = np.full(num_envs, LIVES, np.int32)
+        self.lives = np.full(num_envs, self.full_lives, np.int32)
         self.elapsed = np.zeros(num_envs, np.int32)
         self.needs_reset = np.zeros(num_envs, bool)
         self.game_over = np.zeros(num_envs, bool)
@@ -112,7 +112,7 @@ class CueEnvPool:
 
     def _reset_game(self, i):
         self.stacks[i] = 0
-        self.lives[i], self.elapsed[i] = LIVES, 0
+        self.lives[i], self.elapsed[i] = self.full_lives, 0
         self._start_life(i)
 
     def _info(self, ids, rewards, terminated):
