@@ -9,12 +9,12 @@ entries hold, the script run as __main__, then the interpreter's exit (non-daemo
 run, the exit code of SystemExit, SIGINT re-raised after a KeyboardInterrupt). PYTHONPATH entries a test puts before
 the server's come first on sys.path, and the modules they shadow are dropped from the server's imports (a test hides
 an extra that way). What a fork cannot give is what the interpreter and libgomp read once at start-up:
-conftest.start_script runs a fresh interpreter when a test's environment differs from the server's there (the OpenMP
+script_runs.start_script runs a fresh interpreter when a test's environment differs from the server's there (the OpenMP
 and thread variables, PYTHONPATH otherwise), and LEANRL_TESTS_FRESH=1 makes every run a fresh interpreter. A process
 that a served run starts with multiprocessing's spawn (the async DQN's actor) is forked here too, through
 tests/served_python.py.
 
-    python tests/script_server.py SOCKET    (conftest.py starts it; one JSON request per connection)
+    python tests/script_server.py SOCKET    (tests/script_runs.py starts it; one JSON request per connection)
 """
 
 import atexit

@@ -3,7 +3,7 @@
 (tests/script_server.py: imports done, forked), with this process's working directory, environment and standard
 streams, and exits as the run did; anything else, or an environment that differs from the server's where an
 interpreter reads it at start, execs the real interpreter. run.sh's smoke runs start about forty Python programs,
-each 6-7 s of imports on a 2-core machine. conftest.served_python_env() gives the variables it reads.
+each 6-7 s of imports on a 2-core machine. script_runs.served_python_env() gives the variables it reads.
 
 It is also the interpreter that multiprocessing's spawn starts in a served run (the async DQN's actor: 6-9 s of
 imports a run): `served_python.py -c CODE --multiprocessing-fork` has the child forked by the server with this

@@ -22,7 +22,7 @@ import learning
 import learning_tables
 import references
 import runner
-from conftest import ROOT, served_python_env
+from script_runs import ROOT, served_python_env
 
 PYTHON = f"python{sys.version_info[0]}.{sys.version_info[1]}"  # as records name this interpreter
 

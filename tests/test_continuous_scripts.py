@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from conftest import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, run_script
+from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
+from script_runs import run_script
 
 SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]
 # A small Pendulum run: 200 random steps, then 200 updates of which 5 are warm-up.
@@ -32,7 +33,7 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     summary, proc = run_script(script, TINY + MODES[mode], workdir)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
-from conftest import ALL_SCRIPTS, SCRIPTS, run_script
+from script_runs import ALL_SCRIPTS, SCRIPTS, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "dqn_atari.py"]
 CNN_SCRIPTS += ["dqn_atari_async.py", "impala_ray.py", "pqn_atari_envpool.py", "rainbow_atari.py"]
@@ -135,7 +135,7 @@ def test_idle_threads_sleep_is_set_before_torch_loads_openmp(script):
 COUNT_FAULTS = """
 import json, resource, sys, torch, torch.nn as nn
 sys.path.insert(0, sys.argv[1])
-from conftest import load_script
+from script_runs import load_script
 if sys.argv[2] != "-":
     load_script(sys.argv[2]).tune_cpu(1, torch.device("cpu"), 1, keep_freed_memory=True)
 torch.set_num_threads(1)

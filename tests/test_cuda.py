@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_compiled_as_designed, run_script
+from checks import assert_compiled_as_designed
+from script_runs import SCRIPTS, run_script
 from test_cuda_paths import NO_BLOCKING_COPIES, RUNS, imitated_run
 from test_host_syncs import CASES, PROBE
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, run_script
+from script_runs import ROOT, SCRIPTS, run_script
 
 IMITATION = os.path.join(ROOT, "tests", "cuda_imitation.py")
 ATARI = ["--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from conftest import ALL_SCRIPTS, ROOT, run_script
+from script_runs import ALL_SCRIPTS, ROOT, run_script
 
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py,
-# benchmarks/collect.py, benchmarks/learning.py, torchrun.
+# benchmarks/collect.py, benchmarks/learning.py, torchrun, pytest (this suite's --break-learner).
 OTHER_COMMANDS = {
     "--standalone",
     "--nproc-per-node",
@@ -43,6 +43,7 @@ OTHER_COMMANDS = {
     "--sides",
     "--headline",
     "--only",
+    "--break-learner",
     "--xla-cpu-multi-thread-eigen",  # an XLA flag, in XLA_FLAGS
     "--logdir",
     "--busy",

@@ -19,14 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import (
-    SUMMARY_KEYS,
-    assert_compiled_as_designed,
-    assert_same_seed_same_numbers,
-    load_script,
-    run_script,
-    start_script,
-)
+from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
+from script_runs import load_script, run_script, start_script
 
 SCRIPT, ASYNC = "dqn.py", "dqn_atari_async.py"
 # CleanRL's dqn.py settings, dqn.py's defaults; dqn_atari_async.py's are CleanRL's dqn_atari.py's.
@@ -220,7 +214,7 @@ def test_update_equals_a_plain_td_step():
         torch.testing.assert_close(q_network.state_dict()[name], value)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
     script, flags = MODES[mode]
     summary, proc = run_script(script, flags + TINY, workdir, timeout=300)

@@ -11,17 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (
+from checks import (
     SUMMARY_KEYS,
     assert_beats_random,
     assert_checkpoint_round_trip,
     assert_compiled_as_designed,
     assert_learns_the_cue,
     assert_same_seed_same_numbers,
-    load_script,
-    run_on_standin,
-    run_script,
 )
+from script_runs import load_script, run_on_standin, run_script
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import ALL_SCRIPTS, ROOT, run_script
+from script_runs import ALL_SCRIPTS, ROOT, run_script
 
 # script -> (a run that needs the extra, the modules hidden, the install line it must name)
 NEEDS_EXTRA = {

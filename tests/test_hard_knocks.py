@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import SCRIPTS, run_script, start_script
+from script_runs import SCRIPTS, run_script, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
 BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]

@@ -9,12 +9,12 @@ import uuid
 
 import torch
 
-from conftest import BREAK_LEARNER, ROOT, SABOTAGE, run_script
+from script_runs import BREAK_LEARNER, ROOT, SABOTAGE, run_script
 
 RUNAWAY = """
 import sys
 sys.path.insert(0, {tests!r})
-from conftest import run_script
+from script_runs import run_script
 
 def test_a_run_that_never_ends(tmp_path):
     run_script("dqn.py", ["--total-timesteps", 10_000_000, "--exp-name", {marker!r}], str(tmp_path))

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, run_script
+from script_runs import ROOT, SCRIPTS, run_script
 
 PROBE = os.path.join(ROOT, "tests", "host_sync_probe.py")
 ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]

@@ -13,18 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (
+from checks import (
     SUMMARY_KEYS,
     assert_compiled_as_designed,
     assert_learns_the_cue,
     assert_same_loss_and_gradients,
     done_patterns,
-    load_script,
     loss_and_gradients,
-    run_on_standin,
-    run_script,
-    start_script,
 )
+from script_runs import load_script, run_on_standin, run_script, start_script
 
 SCRIPT = "impala_ray.py"
 IMPALA_KEYS = {

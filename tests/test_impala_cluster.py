@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import MODULE, ROOT, SCRIPTS, start_script
+from script_runs import MODULE, ROOT, SCRIPTS, start_script
 
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 pytestmark = pytest.mark.slow  # a two-node cluster starts for each test: 25-160 s each

@@ -7,7 +7,7 @@ import tomllib
 
 from packaging.requirements import Requirement
 
-from conftest import ROOT
+from script_runs import ROOT
 
 
 def requirements(name):

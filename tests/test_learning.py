@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_script
+from script_runs import run_script
 
 
 @pytest.mark.learning

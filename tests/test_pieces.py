@@ -11,7 +11,8 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.nn as nn
 
-from conftest import load_script, speed_up
+from checks import speed_up
+from script_runs import load_script
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
 SPACE = gym.spaces.Box(np.array([-2.0, -1.0, 0.0], dtype=np.float32), np.array([2.0, 1.0, 0.5], dtype=np.float32))
@@ -191,7 +192,7 @@ def test_actor_update_leaves_the_critics_untouched(script):
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
 def test_sped_up_updates_equal_eager_ones(script, flags):
-    """The scripts' wrapping (conftest.speed_up): without CUDA, CudaGraphModule passes the call through, which
+    """The scripts' wrapping (checks.speed_up): without CUDA, CudaGraphModule passes the call through, which
     still checks the pieces' calling convention (plain tensors in, a dict of tensors out)."""
     eager_nets, eager_critic, eager_actor = build(script)
     compiled_nets, compiled_critic, compiled_actor = build(script, flags)

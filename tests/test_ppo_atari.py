@@ -18,20 +18,18 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 
-from conftest import (
-    SCRIPTS,
+from checks import (
     SUMMARY_KEYS,
     assert_beats_random,
     assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
     assert_learns_the_cue,
     assert_same_seed_same_numbers,
-    load_script,
-    reference_gae,
-    run_on_standin,
-    run_script,
+    modes_here,
     speed_up,
 )
+from reference_implementations import reference_gae
+from script_runs import SCRIPTS, load_script, run_on_standin, run_script
 
 envpool = pytest.importorskip("envpool")
 
@@ -343,7 +341,7 @@ def test_sped_up_update_equals_eager(flags):
 
 
 @BOTH
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     summary, proc = run_script(script, TINY + MODES[mode], workdir)
     assert SUMMARY_KEYS <= summary.keys() and summary["script"] == script

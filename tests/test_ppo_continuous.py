@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 
-from conftest import (
+from checks import (
     SUMMARY_KEYS,
     assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
     assert_same_seed_same_numbers,
-    load_script,
-    run_script,
+    modes_here,
     speed_up,
 )
+from script_runs import load_script, run_script
 
 SCRIPT = "ppo_continuous_action.py"
 # 4 iterations of 64 steps on Pendulum, 2 epochs of 4 minibatches each.
@@ -132,7 +132,7 @@ def test_wrappers_give_what_cleanrls_gymnasium_wrappers_give():
         assert normalizer.obs_rms.count == expected.obs_rms.count > 1000  # the reset observations count too
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
     assert SUMMARY_KEYS <= summary.keys()

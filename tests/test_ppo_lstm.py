@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_ppo_atari import random_policy_scores
 
-from conftest import (
+from checks import (
     SUMMARY_KEYS,
     assert_beats_random,
     assert_checkpoint_round_trip,
@@ -17,11 +17,10 @@ from conftest import (
     assert_same_loss_and_gradients,
     assert_same_seed_same_numbers,
     done_patterns,
-    load_script,
     loss_and_gradients,
-    run_on_standin,
-    run_script,
+    modes_here,
 )
+from script_runs import load_script, run_on_standin, run_script
 
 envpool = pytest.importorskip("envpool")
 
@@ -181,7 +180,7 @@ def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl
 
 
 @pytest.mark.parametrize("impl", ["padded", "loop"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
     summary, proc = run_script(SCRIPT, TINY + MODES[mode] + ["--lstm-impl", impl], workdir)
     assert SUMMARY_KEYS <= summary.keys()

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import SCRIPTS, assert_compiled_as_designed, load_script
+from checks import assert_compiled_as_designed
+from script_runs import SCRIPTS, load_script
 
 pytest.importorskip("envpool")
 

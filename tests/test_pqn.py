@@ -13,17 +13,16 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
-from conftest import (
+from checks import (
     SUMMARY_KEYS,
     assert_beats_random,
     assert_compiled_as_designed,
     assert_learns_the_cue,
     assert_same_seed_same_numbers,
-    load_script,
-    run_on_standin,
-    run_script,
+    modes_here,
     speed_up,
 )
+from script_runs import load_script, run_on_standin, run_script
 
 CLASSIC, ATARI = "pqn.py", "pqn_atari_envpool.py"
 BOTH = pytest.mark.parametrize("script", [CLASSIC, ATARI], ids=["classic", "atari"])
@@ -211,7 +210,7 @@ def test_sped_up_update_and_policy_equal_eager(script, flags):
 
 
 @BOTH
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     needs_envpool(script)
     summary, proc = run_script(script, [*ENV[script], *TINY, *MODES[mode]], workdir)

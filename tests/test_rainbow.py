@@ -14,18 +14,17 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from scipy import stats
 
-from conftest import (
+from checks import (
     CUE_RANDOM_SCORE,
     SUMMARY_KEYS,
     assert_beats_random,
     assert_checkpoint_round_trip,
     assert_compiled_as_designed,
     assert_same_seed_same_numbers,
-    load_script,
-    run_on_standin,
-    run_script,
+    modes_here,
     speed_up,
 )
+from script_runs import load_script, run_on_standin, run_script
 
 SCRIPT = "rainbow_atari.py"
 # 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
@@ -425,7 +424,7 @@ def test_a_graphed_draw_is_fresh_at_every_replay_on_the_gpu():
     assert all(torch.isfinite(weights).all() for _, weights, *_ in draws)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
     pytest.importorskip("envpool")
     if mode == "gymnasium":

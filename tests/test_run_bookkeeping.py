@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from code_tokens import code_tokens
-from conftest import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
+from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 
 # Code tokens (tests/code_tokens.py: comments, docstrings and layout left out, so packing lines saves nothing), each
 # file at most what it holds now. The five scripts LeanRL also has sit at 1.08-1.43x LeanRL's compiled script of the

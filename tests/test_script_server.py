@@ -3,7 +3,7 @@ done. A run it forks must give what `python script.py` gives: the same numbers, 
 
 import json
 
-from conftest import run_script
+from script_runs import run_script
 
 TINY = ["--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000, "--eval-episodes", 2]
 

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import STANDIN
+from script_runs import STANDIN
 
 envpool = pytest.importorskip("envpool")
 spec = importlib.util.spec_from_file_location("standin_envpool", os.path.join(STANDIN, "envpool.py"))

@@ -9,7 +9,7 @@ import os
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import run_script
+from script_runs import run_script
 
 EPISODES = {"charts/episodic_return", "charts/episodic_length"}
 PPO = {f"losses/{name}" for name in ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")}

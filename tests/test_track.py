@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_hard_knocks import CASES
 
-from conftest import ROOT, run_script
+from script_runs import ROOT, run_script
 
 BLOCK = 32 * 1024
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}

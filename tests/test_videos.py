@@ -8,7 +8,7 @@ import pytest
 from test_hard_knocks import CASES
 from test_track import the_one_error_line
 
-from conftest import ROOT, run_script
+from script_runs import ROOT, run_script
 
 imageio = pytest.importorskip("imageio.v2")  # moviepy's own reader and writer (the [video] extra)
 

@@ -1,0 +1,200 @@
+"""Checks that several test files make of a script's runs and pieces: the summary's keys, what --compile compiles,
+the modes a machine runs, same seed same numbers, a checkpoint's round trip, learning against a random policy."""
+
+import math
+import os
+from functools import partial
+
+import numpy as np
+import torch
+from tensordict.nn import CudaGraphModule
+
+from reference_implementations import reference_gae
+from script_runs import load_script, run_script
+
+SUMMARY_KEYS = {
+    "script",
+    "env_id",
+    "seed",
+    "num_envs",
+    "total_timesteps",
+    "mode",
+    "compile",
+    "cudagraphs_requested",
+    "cudagraphs_active",
+    "device",
+    "torch_version",
+    "sps",
+    "steady_steps",
+    "steady_seconds",
+    "warmup_seconds",
+    "total_seconds",
+    "return_mean",
+    "eval_return_mean",
+    "peak_memory_mb",
+    "env_seconds",
+}
+
+# What --compile compiles in each script, and the graphs and graph breaks that makes: every loss is one graph (its
+# backward one more, which dynamo does not count) and no piece breaks, but where an update runs an LSTM over a
+# rollout: it stays out of the graphs, a break in the loss (PPO-LSTM's, two graphs; IMPALA's core sits inside
+# Agent.replay, so its loss is three graphs); PPO-LSTM's policy traces its one LSTM step. A change that adds a break
+# or a recompilation fails the mode tests.
+COMPILED = {
+    "dqn.py": (["policy", "td_loss"], 2, 0),
+    "dqn_atari.py": (["policy", "td_loss"], 2, 0),
+    "dqn_atari_async.py": (["td_loss"], 1, 0),
+    "pqn.py": (["policy", "q_lambda_returns", "td_loss"], 3, 0),
+    "pqn_atari_envpool.py": (["policy", "q_lambda_returns", "td_loss"], 3, 0),
+    "rainbow_atari.py": (["policy", "rainbow_loss", "sample"], 3, 0),
+    "sac_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
+    "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
+    "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_envpool.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_envpool_async.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_multigpu.py": (["gae", "policy", "ppo_loss"], 3, 0),
+    "ppo_atari_lstm.py": (["gae", "policy", "ppo_loss"], 4, 1),
+    "impala_ray.py": (["impala_loss"], 1, 0),
+    "impala_ray.py --lstm": (["impala_loss"], 3, 2),
+}
+
+# Without CUDA, --cudagraphs runs the code it would capture: of two modes that differ by it alone, one runs here (eager
+# without it; compile with it, which checks its warning and its label too). The cuda tier runs all four.
+SAME_ON_A_CPU = {
+    "cudagraphs": "eager",
+    "compile": "compile+cudagraphs",
+    "async+cudagraphs": "async",
+    "async+compile": "async+compile+cudagraphs",
+}
+
+
+def modes_here(modes):
+    """The modes of `modes` a mode test runs on this machine."""
+    if torch.cuda.is_available():
+        return list(modes)
+    return [mode for mode in modes if SAME_ON_A_CPU.get(mode) not in modes]
+
+
+def assert_compiled_as_designed(summary, variant=""):
+    """A run's summary says what ran compiled (nothing without --compile), in the graphs and graph breaks of
+    COMPILED, and nothing compiled again after warm-up."""
+    pieces, graphs, breaks = COMPILED[summary["script"] + variant]
+    if not summary["compile"]:
+        pieces, graphs, breaks = [], 0, 0
+    assert summary["compiled_pieces"] == pieces
+    assert (summary["compile_graphs"], summary["graph_breaks"], summary["graphs_after_warmup"]) == (graphs, breaks, 0)
+
+
+CUE_RANDOM_SCORE = 8.0  # a random policy's game on Cue-v5: 32 steps, one action of 4 scores (test_standin_envpool)
+
+
+def assert_learns_the_cue(summary):
+    """On Cue-v5, the last 20 training games and the evaluation games each score at least twice a random policy."""
+    assert summary["return_mean"] >= 2 * CUE_RANDOM_SCORE, summary["return_mean"]
+    assert summary["eval_return_mean"] >= 2 * CUE_RANDOM_SCORE, summary["eval_returns"]
+
+
+def speed_up(fn, compile, cudagraphs):
+    """A piece wrapped as the scripts wrap theirs: torch.compile, then a CUDA graph after 5 warm-up calls (without
+    CUDA, CudaGraphModule passes the call through, which still checks the piece's calling convention)."""
+    fn = torch.compile(fn) if compile else fn
+    return CudaGraphModule(fn, warmup=5) if cudagraphs else fn
+
+
+def assert_same_seed_same_numbers(script, args, workdir, keys, second_flags=()):
+    """Two runs of `script` with the same seed, the second with `second_flags` (flags that must not change the
+    numbers, such as --cudagraphs without CUDA), give equal values under `keys`. Returns both runs."""
+    first = run_script(script, args, workdir)
+    second = run_script(script, [*args, *second_flags], workdir)
+    for key in keys:
+        assert first[0][key] == second[0][key], key
+    return first, second
+
+
+def assert_gae_equals_the_reverse_loop(script, steps, envs, compiled, seed, rewards_sign=False):
+    """The script's gae (compiled or not) against the reverse loop, with an episode end into the first and into
+    the last observation."""
+    module = load_script(script)
+    g = torch.Generator().manual_seed(seed)
+    rewards, values = torch.randn(steps, envs, generator=g), torch.randn(steps, envs, generator=g)
+    if rewards_sign:  # clipped rewards, as on Atari
+        rewards = rewards.sign()
+    dones = (torch.rand(steps, envs, generator=g) < 0.05).float()
+    dones[0, 0] = dones[-1, -1] = 1.0
+    next_value, next_done = torch.randn(envs, generator=g), torch.tensor([1.0] + [0.0] * (envs - 1))
+    gae = speed_up(partial(module.gae, gamma=0.99, gae_lambda=0.95), compiled, False)
+    advantages, returns = gae(rewards, values, dones, next_value, next_done)
+    expected_advantages, expected_returns = reference_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    torch.testing.assert_close(advantages, expected_advantages, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(returns, expected_returns, atol=2e-5, rtol=1e-5)
+
+
+def done_patterns(num_steps, batch, generator):
+    """The cases the LSTM scripts' padding must get right, one (T, B) float pattern each (PPO-LSTM's starts[t]: obs t
+    starts an episode; IMPALA's dones[t]: step t ends one)."""
+    none = torch.zeros(num_steps, batch)
+    first = none.clone()
+    first[0] = 1.0  # PPO-LSTM: every env starts an episode at t=0, no stored state is used
+    last = none.clone()
+    last[-1] = 1.0
+    every = torch.ones(num_steps, batch)
+    many_short = none.clone()
+    many_short[::3, 0] = 1.0  # env 0: episodes of three steps; the others: one long segment
+    random = (torch.rand(num_steps, batch, generator=generator) < 0.1).float()
+    return {"none": none, "t0": first, "last": last, "every": every, "many_short": many_short, "random": random}
+
+
+def loss_and_gradients(loss_fn, agent, *inputs):
+    """The loss and metrics of `loss_fn(*inputs)` and the gradients it gives `agent`'s parameters."""
+    agent.zero_grad()
+    loss, metrics = loss_fn(*inputs)
+    loss.backward()
+    return loss.detach(), metrics, {name: p.grad.clone() for name, p in agent.named_parameters()}
+
+
+def assert_same_loss_and_gradients(result, expected):
+    """Two `loss_and_gradients` results agree: loss, every metric, every parameter's gradient."""
+    (loss, metrics, grads), (expected_loss, expected_metrics, expected_grads) = result, expected
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
+    for name in expected_metrics:
+        torch.testing.assert_close(metrics[name], expected_metrics[name], atol=1e-5, rtol=1e-5)
+    for name in expected_grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+
+
+def assert_checkpoint_round_trip(script, train_args, weights, workdir):
+    """Trained, saved, loaded with no steps to play and saved again: the same `weights` state dict (no evaluation
+    game: each costs tens of seconds on Atari); the checkpoint refused, exit code 2, on a game with other actions."""
+    trained, _ = run_script(script, [*train_args, "--save-model", "--eval-episodes", 0], workdir)
+    checkpoint = os.path.join(trained["run_dir"], "model.pt")
+    loaded, _ = run_script(
+        script, ["--total-timesteps", 0, "--eval-episodes", 0, "--load-model", checkpoint, "--save-model"], workdir
+    )
+    first, second = (
+        torch.load(os.path.join(run["run_dir"], "model.pt"), weights_only=True) for run in (trained, loaded)
+    )
+    assert first[weights].keys() == second[weights].keys()
+    assert all(torch.equal(first[weights][name], second[weights][name]) for name in first[weights])
+    _, proc = run_script(
+        script,
+        ["--env-id", "Pong-v5", "--total-timesteps", 0, "--load-model", checkpoint],
+        workdir,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Pong-v5 has num_actions 6" in proc.stderr
+
+
+def assert_beats_random(trained, random_scores, factor):
+    """Games of a trained agent against games of a random policy: the mean at least `factor` times the random mean,
+    and a rank test, as scores of single games have long tails (one 1,920 among MsPacman games of 300-400 made a
+    test on the means fail with a mean 1.8x the random one). A trained game must beat a random game in enough
+    pairs (ties count half) to lie 3 standard deviations above the one half that no learning gives (Mann-Whitney's
+    U, normal approximation without the tie correction, which only makes it stricter)."""
+    trained, random_scores = np.asarray(trained, dtype=float), np.asarray(random_scores, dtype=float)
+    assert trained.mean() >= factor * random_scores.mean(), (trained, random_scores.mean())
+    differences = trained[:, None] - random_scores[None, :]
+    wins = ((differences > 0) + 0.5 * (differences == 0)).sum()
+    pairs, games = differences.size, len(trained) + len(random_scores)
+    z = (wins - pairs / 2) / math.sqrt(pairs * (games + 1) / 12)
+    assert z >= 3, (z, trained, random_scores)
