@@ -18,7 +18,7 @@ def workdir(tmp_path):
 SLOW_LEFT_OUT = pytest.StashKey[int]()
 
 # Per test, past which it fails in its place (pytest-timeout; the fast tier's limit is pyproject.toml's): the slow
-# tier's longest take 2-5 minutes here, the real games up to 11.
+# tier's longest take 2-5 minutes here, the benchmark tier's up to 11.
 SLOW_TEST_LIMIT, BENCHMARK_TEST_LIMIT = 900, 1800
 
 
@@ -63,7 +63,7 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Three tiers: `python -m pytest` leaves out the tests marked slow (the learning tests among them) and those
-    marked benchmark (the real games), `-m slow` runs only the slow ones, `-m benchmark` only the real games; a test
+    marked benchmark (learning for minutes), `-m slow` runs only the slow ones, `-m benchmark` only those; a test
     named by its node id runs whatever its tier."""
     for item in items:
         if item.get_closest_marker("learning") and not item.get_closest_marker("benchmark"):
@@ -93,5 +93,5 @@ def pytest_terminal_summary(terminalreporter, config):
     if config.stash.get(SLOW_LEFT_OUT, 0):
         terminalreporter.write_line(
             f"{config.stash[SLOW_LEFT_OUT]} slow and benchmark tests left out: python -m pytest -m slow runs the "
-            "slow ones (CI runs both tiers), -m benchmark the real games"
+            "slow ones (CI runs both tiers), -m benchmark the minutes-long learning tests"
         )
