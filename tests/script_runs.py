@@ -162,14 +162,20 @@ class ServedScript:
         return tuple(b"".join(output.get(stream, [])).decode() for stream in (self.stdout, self.stderr))
 
 
+def sabotaged_if_asked(env):
+    """A run's environment, with tests/sabotage first on its PYTHONPATH under `--break-learner`."""
+    if os.environ.get(BREAK_LEARNER) != "1":
+        return env
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [SABOTAGE, env.get("PYTHONPATH")]))}
+
+
 def start_script(script, args, cwd, env=None, new_session=False, sigint_default=False, file_size_limit=None):
     """`python leanrl_scripts/<script> ARGS` in `cwd`, its stdout and stderr piped: forked by the script server, or a
     fresh interpreter where its environment asks for one (READ_AT_START) or LEANRL_TESTS_FRESH=1 is set. Under
     `--break-learner`, tests/sabotage comes first on its PYTHONPATH."""
     path = os.path.join(SCRIPTS, script) if not os.path.isabs(script) else script
     env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
-    if os.environ.get(BREAK_LEARNER) == "1":
-        env["PYTHONPATH"] = os.pathsep.join([SABOTAGE, env["PYTHONPATH"]])
+    env = sabotaged_if_asked(env)
     if os.environ.get("LEANRL_TESTS_FRESH") != "1":
         if not SERVER:
             SERVER.append(ScriptServer())

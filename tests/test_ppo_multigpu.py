@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from checks import assert_compiled_as_designed
-from script_runs import SCRIPTS, load_script
+from checks import assert_compiled_as_designed, assert_learns_the_cue
+from script_runs import ROOT, SCRIPTS, STANDIN, load_script, sabotaged_if_asked
 
 pytest.importorskip("envpool")
 
@@ -144,7 +144,7 @@ def launch(args, cwd, processes=2, extra=(), env=None):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env=sabotaged_if_asked({**os.environ, **(env or {})}),
         start_new_session=True,
     )
 
@@ -168,6 +168,21 @@ def test_two_processes_count_every_step_and_only_the_first_writes(workdir):
     assert summary["steps_done"] == 128 and summary["num_updates"] == 2 * 2  # 2 iterations x 2 minibatches
     assert all(np.isfinite(list(summary["final_metrics"].values())))
     assert stdout.count("SPEED ") == 1 and "one process" not in stdout
+
+
+@pytest.mark.learning
+def test_two_processes_learn_the_cue_task(workdir):
+    """Cue-v5 (tests/standin/envpool.py) through each process's envpool code: two processes of 4 envs, rollouts of
+    32 steps, lr 1e-3, 5,120 steps in all (ppo_atari_envpool.py's cue test, its envs split in two). A random policy
+    scores 8 a game."""
+    args = ["--env-id", "Cue-v5", "--local-num-envs", 4, "--num-steps", 32, "--learning-rate", 1e-3]
+    args += ["--total-timesteps", 5120, "--eval-episodes", 10, "--seed", 1]
+    proc = launch(args, workdir, env={"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])})
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    [summary] = summaries(workdir)
+    assert summary["world_size"] == 2
+    assert_learns_the_cue(summary)
 
 
 def test_without_torchrun_it_is_one_process_and_says_so(workdir):
