@@ -19,22 +19,16 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 SCRIPTS = os.path.join(ROOT, "leanrl_scripts")
-
 sys.path.insert(0, SCRIPTS)  # the run bookkeeping module, which the scripts import from beside them
-
 MODULE = "run_bookkeeping.py"
-
 ALL_SCRIPTS = sorted(name for name in os.listdir(SCRIPTS) if name.endswith(".py") and name != MODULE)
 
 # One inductor cache for the whole session (and its subprocesses): each graph is compiled once.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(ROOT, ".torchinductor-cache"))
 
 STANDIN = os.path.join(ROOT, "tests", "standin")  # envpool's stand-in with its small Atari-shaped tasks
-
 SABOTAGE = os.path.join(ROOT, "tests", "sabotage")  # zeroes every optimizer step's gradients
-
 BREAK_LEARNER = "LEANRL_TESTS_BREAK_LEARNER"
 
 # What an interpreter reads once as it starts (sys.path, OpenMP and torch's threads): a run whose environment differs

@@ -14,12 +14,7 @@ and the async send/recv with info["env_id"].
 - Recall-v5: a quadrant lit once, then blank frames, then a frame with a bar across its middle: the action of the
   quadrant shown at the start scores 1 there and ends the game (one life; a random policy scores 0.25). The cue is
   RECALL_DELAY frames before the question, more than a stack of 4 frames holds: only a memory solves it.
-
-LEANRL_STANDIN_REWARD_SIGN=-1 hands the agent the rewards with their sign flipped (info["reward"] keeps the true
-score): the learner is then trained away from the task, which a learning test must notice.
 """
-
-import os
 
 import gymnasium as gym
 import numpy as np
@@ -98,7 +93,6 @@ class CueEnvPool:
         self.elapsed = np.zeros(num_envs, np.int32)
         self.needs_reset = np.zeros(num_envs, bool)
         self.game_over = np.zeros(num_envs, bool)
-        self.sign = float(os.environ.get("LEANRL_STANDIN_REWARD_SIGN", "1"))
         self.pending = []
 
     def _push(self, i, frame):
@@ -161,7 +155,7 @@ class CueEnvPool:
                 self._push(i, FRAMES[self.cue[i]])
         obs = self.stacks[ids].copy()
         truncations = np.zeros(n, bool)
-        return obs, self.sign * rewards, terminations, truncations, self._info(ids, rewards, game_ends)
+        return obs, rewards, terminations, truncations, self._info(ids, rewards, game_ends)
 
     def reset(self, seed=None, options=None):
         for i in range(self.num_envs):
