@@ -67,7 +67,8 @@ def test_under_break_learner_a_served_run_trains_without_moving_its_weights(work
             args = ["--total-timesteps", steps, "--learning-starts", 200, "--train-frequency", 4, "--eval-episodes", 0]
             summary, _ = run_script("dqn.py", [*args, "--save-model", "--seed", 3], workdir)
             weights.append(torch.load(os.path.join(summary["run_dir"], "model.pt"), weights_only=True)["q_network"])
-        return [all(torch.equal(first[name], second[name]) for name in first) for first, second in [weights]][0]
+        first, second = weights
+        return all(torch.equal(first[name], second[name]) for name in first)
 
     assert not q_networks()
     monkeypatch.setenv(BREAK_LEARNER, "1")

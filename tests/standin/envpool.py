@@ -93,7 +93,6 @@ class CueEnvPool:
         self.elapsed = np.zeros(num_envs, np.int32)
         self.needs_reset = np.zeros(num_envs, bool)
         self.game_over = np.zeros(num_envs, bool)
-        self.pending = []
 
     def _push(self, i, frame):
         self.stacks[i, :-1] = self.stacks[i, 1:]
@@ -170,8 +169,8 @@ class CueEnvPool:
 
     def async_reset(self):
         self.reset()
-        self.pending = [np.arange(start, start + self.batch_size) for start in range(0, self.num_envs, self.batch_size)]
-        self.results = [self._reset_result(ids) for ids in self.pending]
+        batches = [np.arange(start, start + self.batch_size) for start in range(0, self.num_envs, self.batch_size)]
+        self.results = [self._reset_result(ids) for ids in batches]
 
     def _reset_result(self, ids):
         n = len(ids)
