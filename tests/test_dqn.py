@@ -383,7 +383,7 @@ def test_ctrl_c_while_the_learner_waits_for_learning_starts(workdir):
 
 
 @pytest.mark.learning
-@pytest.mark.parametrize("script", [SCRIPT, ASYNC])
+@pytest.mark.parametrize("script", [SCRIPT, pytest.param(ASYNC, marks=pytest.mark.benchmark)])
 def test_learns_cartpole_within_60k_steps(script, workdir):
     """20-45 s a run. CleanRL's defaults anneal epsilon over 250k of their 500k steps; in 60k steps: 1,000
     steps before learning, epsilon annealed over 6,000, an update every 4 steps at lr 1e-3, the target copied

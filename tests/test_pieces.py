@@ -11,7 +11,7 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.nn as nn
 
-from checks import speed_up
+from checks import speed_flags_here, speed_up
 from script_runs import load_script
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
@@ -188,7 +188,7 @@ def test_actor_update_leaves_the_critics_untouched(script):
         assert nets["alpha"].item() != pytest.approx(0.2, abs=1e-6)
 
 
-@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["compile", "cudagraphs", "both"])
+@speed_flags_here()
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
 def test_sped_up_updates_equal_eager_ones(script, flags):

@@ -20,12 +20,14 @@ import torch._inductor.config as inductor_config
 
 from checks import (
     SUMMARY_KEYS,
+    assert_a_seed_learns,
     assert_beats_random,
     assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
-    assert_learns_the_cue,
     assert_same_seed_same_numbers,
+    learned_the_cue,
     modes_here,
+    speed_flags_here,
     speed_up,
 )
 from reference_implementations import reference_gae
@@ -321,7 +323,7 @@ def build_update(flags):
     return agent, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
 
 
-@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["compile", "cudagraphs", "both"])
+@speed_flags_here()
 @inductor_config.patch(fallback_random=True)
 def test_sped_up_update_equals_eager(flags):
     eager_agent, eager_update = build_update((False, False))
@@ -418,8 +420,8 @@ def test_learns_the_cue_task(script, workdir):
     """Cue-v5 (tests/standin/envpool.py) through the script's envpool code: 5,120 steps, rollouts of 32 steps and
     lr 1e-3 (20 updates of 16 minibatches), about 35 s. A random policy scores 8 a game, a learned one 20-32."""
     args = ["--env-id", "Cue-v5", "--total-timesteps", 5120, "--num-steps", 32, "--learning-rate", 1e-3]
-    summary, _ = run_on_standin(script, [*args, "--eval-episodes", 10, "--seed", 1], workdir)
-    assert_learns_the_cue(summary)
+    args += ["--eval-episodes", 10]
+    assert_a_seed_learns(lambda seed: run_on_standin(script, [*args, "--seed", seed], workdir)[0], learned_the_cue)
 
 
 @pytest.mark.benchmark

@@ -10,11 +10,14 @@ import torch
 import torch._inductor.config as inductor_config
 
 from checks import (
+    SPEED_FLAGS,
     SUMMARY_KEYS,
+    assert_a_seed_learns,
     assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
     assert_same_seed_same_numbers,
     modes_here,
+    speed_flag_names_here,
     speed_up,
 )
 from script_runs import load_script, run_script
@@ -61,15 +64,10 @@ def build_update(flags, flat=True):
     return agent, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
 
 
-SPED_UP = {
-    "flat-parameters": (False, False),
-    "compile": (True, False),
-    "cudagraphs": (False, True),
-    "both": (True, True),
-}
+SPED_UP = {"flat-parameters": (False, False), **SPEED_FLAGS}
 
 
-@pytest.mark.parametrize("name", SPED_UP)
+@pytest.mark.parametrize("name", ["flat-parameters", *speed_flag_names_here()])
 @inductor_config.patch(fallback_random=True)
 def test_sped_up_update_equals_eager(name):
     """Against the eager update on the agent's own tensors: the flat parameters alone, then each speed flag on them."""
@@ -188,10 +186,11 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
 
 
 @pytest.mark.learning
-def test_learns_inverted_pendulum_within_150k_steps(workdir):
-    summary, _ = run_script(
-        SCRIPT,
-        ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 150_000, "--seed", 1, "--eval-episodes", 10],
-        workdir,
+def test_learns_inverted_pendulum_within_60k_steps(workdir):
+    """CleanRL's settings but for the budget: seed 1 evaluated 1,000 (the cap) and so did its last training games,
+    in 84 s; a random policy scores 5.4 (30 games)."""
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 60_000, "--eval-episodes", 10]
+    assert_a_seed_learns(
+        lambda seed: run_script(SCRIPT, [*args, "--seed", seed], workdir)[0],
+        lambda summary: summary["eval_return_mean"] >= 500,
     )
-    assert summary["eval_return_mean"] >= 500, summary["eval_returns"]

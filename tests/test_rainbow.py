@@ -15,13 +15,15 @@ import torch.nn.functional as F
 from scipy import stats
 
 from checks import (
-    CUE_RANDOM_SCORE,
     SUMMARY_KEYS,
+    assert_a_seed_learns,
     assert_beats_random,
     assert_checkpoint_round_trip,
     assert_compiled_as_designed,
     assert_same_seed_same_numbers,
+    learned_the_cue,
     modes_here,
+    speed_flags_here,
     speed_up,
 )
 from script_runs import load_script, run_on_standin, run_script
@@ -375,7 +377,7 @@ def build_update(flags, rb):
     return q_network, speed_up(update, False, cudagraphs)
 
 
-@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["compile", "cudagraphs", "both"])
+@speed_flags_here()
 @inductor_config.patch(fallback_random=True)
 def test_sped_up_update_and_policy_equal_eager(flags):
     """Three updates from the same replay and seed (inductor draws its random numbers as eager does here): the same
@@ -493,15 +495,14 @@ def random_policy_scores(env_id, games, seed):
 
 @pytest.mark.learning
 def test_learns_the_cue_task(workdir):
-    """Cue-v5 (tests/standin/envpool.py) through the script's envpool code: 3,000 steps of 4 envs, 500 before
-    learning, an update every 16 steps at lr 5e-4, the target copied every 250 steps; about 45 s. The evaluation
-    plays the mean weights (the noise off): a run scored 29, a random policy scores 8. Training games play the noisy
-    weights, whose noise this budget does not shrink: that run's last ones scored 11, so only the evaluation is
-    held (with an update every 8 steps at lr 1e-3, twice the time: 23 and 22)."""
-    args = ["--env-id", "Cue-v5", "--total-timesteps", 3000, "--learning-starts", 500, "--buffer-size", 3000]
+    """Cue-v5 (tests/standin/envpool.py) through the script's envpool code: 5,000 steps of 4 envs, 500 before
+    learning, an update every 16 steps at lr 5e-4, the target copied every 250 steps; about 55 s. A random policy
+    scores 8 a game. Seeds 2 and 3 scored 23.5 and 23.1 in their last training games (the noisy weights), 24.2 and
+    22.9 in the evaluation (the mean weights); at 3,000 steps seeds 1-4 evaluated 29, 16.8, 14.2 and 23."""
+    args = ["--env-id", "Cue-v5", "--total-timesteps", 5000, "--learning-starts", 500, "--buffer-size", 5000]
     args += ["--num-envs", 4, "--train-frequency", 16, "--learning-rate", 5e-4, "--target-network-frequency", 250]
-    summary, _ = run_on_standin(SCRIPT, [*args, "--eval-episodes", 10, "--seed", 1], workdir)
-    assert summary["eval_return_mean"] >= 2 * CUE_RANDOM_SCORE, summary["eval_returns"]
+    args += ["--eval-episodes", 10]
+    assert_a_seed_learns(lambda seed: run_on_standin(SCRIPT, [*args, "--seed", seed], workdir)[0], learned_the_cue)
 
 
 @pytest.mark.benchmark
