@@ -17,7 +17,8 @@ from script_runs import SCRIPTS, run_script, start_script
 PENDULUM = ["--env-id", "Pendulum-v1"]
 BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
 # Per script: its env (and the flags every run takes), a short run, the flags that make it diverge, its
-# learning-rate flag, and another script whose checkpoint it must refuse.
+# learning-rate flag, and another script whose checkpoint it must refuse. The DQN scripts read their losses (the
+# divergence check, the progress line) every 100 updates: the image ones update on batches of 8.
 OFF_POLICY = ["--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5, "--batch-size", 64]
 CASES = {
     "sac_continuous_action.py": dict(
@@ -82,7 +83,7 @@ CASES = {
             "--train-frequency",
             4,
             "--batch-size",
-            32,
+            8,
         ],
         diverge=["--learning-rate", 1e30],
         lr="--learning-rate",
@@ -91,7 +92,7 @@ CASES = {
     # DQN Atari's torso with dueling distributional heads: a dqn_atari.py model is another network
     "rainbow_atari.py": dict(
         base=["--env-id", "Breakout-v5"],
-        tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--batch-size", 32],
+        tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--batch-size", 8],
         diverge=["--learning-rate", 1e30],
         lr="--learning-rate",
         other="dqn_atari.py",
