@@ -271,7 +271,7 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, work
 
 @pytest.mark.learning
 def test_learns_cartpole_in_150k_steps(workdir):
-    """CleanRL's settings but for the budget (epsilon annealed over the first 75,000 steps), about 50 s: seeds 2 and 3
+    """CleanRL's settings but for the budget (epsilon annealed over the first 75,000 steps), about 75 s: seeds 2 and 3
     evaluated 121 and 200 (10 greedy games); a random policy's CartPole game lasts about 21 steps."""
     args = ["--total-timesteps", 150_000, "--eval-episodes", 10]
     assert_a_seed_learns(
