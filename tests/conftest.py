@@ -33,16 +33,23 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--break-learner"):  # read by start_script, in xdist's workers too
         os.environ[BREAK_LEARNER] = "1"
+    if config.option.markexpr and getattr(config, "workerinput", {}).get("workercount", 1) > 1:
+        # the slow tier's two workers share two cores: each run takes one torch thread (OMP_NUM_THREADS, which
+        # every script reads), as a user's own setting would
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """pyproject.toml's `-n auto`: the fast tier in two worker processes. Most of its tests wait on one script's
-    run, which keeps one core busy (tiny budgets, one torch thread), so a second worker uses the core that would
-    idle. Tests picked by marker (`-m slow`) or named by node id run in this process: the learning tests keep the
-    cores busy on their own (two workers on a 2-core CPU made each run 1.4-2.7x slower, the slow tier no
-    faster), and one test needs no workers. `-n N` sets another count, `-n 0` runs in this process."""
-    return 0 if config.option.markexpr or any("::" in arg for arg in config.args) else 2
+    """pyproject.toml's `-n auto`: two worker processes. Most of the fast tier's tests wait on one script's run, which
+    keeps one core busy (tiny budgets, one torch thread), so a second worker uses the core that would idle. The slow
+    tier's learning tests keep both cores busy in one process with two torch threads each, and get less out of the
+    second: in two workers, each run on one thread (pytest_configure), four of them finished in 198 s against 264 s
+    one after the other, each 1.15-1.4x slower. The benchmark tier's real games (two workers made each 1.4-2.7x
+    slower, the tier no faster) and a test named by its node id run in this process. `-n N` sets another count,
+    `-n 0` runs in this process."""
+    named = any("::" in arg for arg in config.args)
+    return 0 if named or "benchmark" in (config.option.markexpr or "") else 2
 
 
 @pytest.hookimpl(optionalhook=True)
