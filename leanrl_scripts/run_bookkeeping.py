@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -267,6 +268,10 @@ class Run:
 
             on_compile_start(lambda _: self._wait("a compile"))
             on_compile_end(lambda _: self.waiting.remove("a compile"))
+        # Warnings raised while the envs are made and a checkpoint checked (gymnasium's deprecated ids, say) wait for
+        # start, which shows them: a refusal before it is its one line alone.
+        self.holding_warnings = warnings.catch_warnings(record=True)
+        self.held_warnings = self.holding_warnings.__enter__()
 
     def save_and_load(self, states, **sizes):
         """Names what a checkpoint holds, `states` (modules and optimizers) and the `sizes` they were made for: saved at
@@ -279,8 +284,8 @@ class Run:
             return None
         try:
             checkpoint = torch.load(path, map_location=self.device, weights_only=True)
-            made_for = {key: checkpoint[key] for key in sizes}
-            for name, state in states.items() if made_for == sizes else ():
+            made_for, trained_env = {key: checkpoint[key] for key in sizes}, checkpoint["env_id"]
+            for name, state in states.items() if made_for == sizes and trained_env == self.args.env_id else ():
                 if hasattr(state, "param_groups"):  # an optimizer
                     _load_keeping_settings(state, checkpoint[name])
                 else:
@@ -290,8 +295,9 @@ class Run:
         if made_for != sizes:
             trained = ", ".join(f"{name} {size}" for name, size in made_for.items())
             asked = ", ".join(f"{name} {size}" for name, size in sizes.items())
-            trained_on = f"{checkpoint['env_id']} ({trained})"
-            fail(f"--load-model: {path} was trained on {trained_on}; {self.args.env_id} has {asked}")
+            fail(f"--load-model: {path} was trained on {trained_env} ({trained}); {self.args.env_id} has {asked}")
+        if trained_env != self.args.env_id:  # the same sizes (HalfCheetah-v5's and Walker2d-v5's), another task
+            fail(f"--load-model: {path} was trained on {trained_env}, not {self.args.env_id}")
         return checkpoint
 
     def start(self, write=True):
@@ -302,6 +308,9 @@ class Run:
         args = self.args
         if args.save_model and self.states is None:
             fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
+        self.holding_warnings.__exit__(None, None, None)
+        for held in self.held_warnings:
+            warnings.showwarning(held.message, held.category, held.filename, held.lineno)
         if write:
             if self.args.track:  # before the SummaryWriter: sync_tensorboard follows the writers made after it
                 # W&B's files go to ./wandb: in the run folder it would follow its own copies of the events

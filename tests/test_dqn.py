@@ -436,6 +436,12 @@ def test_checkpoint_evaluates_to_the_reported_score(workdir):
         timeout=120,
     )
     assert proc.returncode == 2 and "was trained on CartPole-v1" in proc.stderr
+    # CartPole-v0 has CartPole-v1's sizes: the env id alone tells them apart
+    _, proc = run_script(SCRIPT, ["--env-id", "CartPole-v0", "--load-model", checkpoint], workdir, check=False)
+    assert (
+        proc.returncode == 2
+        and proc.stderr == f"error: --load-model: {checkpoint} was trained on CartPole-v1, not CartPole-v0\n"
+    )
 
 
 # (buffer size, envs): the ring wraps around; it holds fewer transitions than are staged (12 or 6 at most), down
