@@ -220,6 +220,8 @@ class Run:
             for name in names:
                 if not valid(getattr(args, name)):
                     fail(f"--{name.replace('_', '-')} {rule}")
+        if not 0 <= args.seed <= 2**30:  # envpool takes 31-bit seeds, NumPy 32; the scripts add offsets to theirs
+            fail(f"--seed must be from 0 to 2**30, not {args.seed}")
         if args.load_model and not os.path.isfile(args.load_model):
             fail(f"--load-model: no checkpoint at {args.load_model}")
         if args.track:  # an optional extra, checked before any work

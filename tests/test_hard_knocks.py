@@ -288,6 +288,7 @@ def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
         ([case["lr"], "nan"], f"{case['lr']} must be a positive number"),
         (["--gamma", 2], "--gamma"),
         (["--eval-episodes", -1], "--eval-episodes"),
+        (["--seed", -1], "--seed must be from 0 to 2**30, not -1"),
     ]
     if script.startswith(("ppo", "pqn")):  # on-policy: whole rollouts
         bad.append((["--total-timesteps", 100], "less than one rollout"))
