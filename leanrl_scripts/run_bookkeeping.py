@@ -39,6 +39,30 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+# What every run's summary.json holds at least (its SPEED line repeats it), whatever the script: the tests and the
+# benchmark tools read these keys
+SUMMARY_KEYS = (
+    "script",
+    "env_id",
+    "seed",
+    "num_envs",
+    "total_timesteps",
+    "mode",
+    "compile",
+    "cudagraphs_requested",
+    "cudagraphs_active",
+    "device",
+    "torch_version",
+    "sps",
+    "steady_steps",
+    "steady_seconds",
+    "warmup_seconds",
+    "total_seconds",
+    "return_mean",
+    "eval_return_mean",
+    "peak_memory_mb",
+    "env_seconds",
+)
 SIGNALS_RECEIVED = []  # Ctrl-C and SIGTERM as they came (Run.start's watcher notes them); read at the safe points
 
 
@@ -499,7 +523,7 @@ class Run:
             print(f"error: {self.stopped}" if self.stopped.exit_code == 1 else f"{self.stopped}{done}", file=sys.stderr)
             sys.exit(self.stopped.exit_code)
 
-    def _summary(self, eval_returns=()):  # the keys of ../shared/CONVENTIONS.md and how the run ran
+    def _summary(self, eval_returns=()):  # SUMMARY_KEYS, and how the run ran
         args = self.args
         now = time.perf_counter()
         graphs, breaks = (now - before for now, before in zip(_graph_counts(), self.graphs_at_start))

@@ -10,31 +10,11 @@ import pytest
 import torch
 from tensordict.nn import CudaGraphModule
 
+import run_bookkeeping
 from reference_implementations import reference_gae
 from script_runs import load_script, run_script
 
-SUMMARY_KEYS = {
-    "script",
-    "env_id",
-    "seed",
-    "num_envs",
-    "total_timesteps",
-    "mode",
-    "compile",
-    "cudagraphs_requested",
-    "cudagraphs_active",
-    "device",
-    "torch_version",
-    "sps",
-    "steady_steps",
-    "steady_seconds",
-    "warmup_seconds",
-    "total_seconds",
-    "return_mean",
-    "eval_return_mean",
-    "peak_memory_mb",
-    "env_seconds",
-}
+SUMMARY_KEYS = set(run_bookkeeping.SUMMARY_KEYS)
 
 # What --compile compiles in each script, and the graphs and graph breaks that makes: every loss is one graph (its
 # backward one more, which dynamo does not count) and no piece breaks, but where an update runs an LSTM over a
