@@ -515,8 +515,15 @@ def connect(address, num_actors):
     The actors import the run bookkeeping module: on a cluster it goes with the job, for nodes that hold only Ray."""
     num_cpus = None if address else max(os.cpu_count(), num_actors)  # local: one per actor, shared if need be
     job = {"py_modules": [sys.modules[Run.__module__]]} if address else None
+    # "local", not None: ray.init(None) joins a cluster that `ray start` made on this machine, or RAY_ADDRESS's
     try:
-        ray.init(address=address, num_cpus=num_cpus, runtime_env=job, include_dashboard=False, logging_level="ERROR")
+        ray.init(
+            address=address or "local",
+            num_cpus=num_cpus,
+            runtime_env=job,
+            include_dashboard=False,
+            logging_level="ERROR",
+        )
     except ConnectionError as error:
         fail(f"--ray-address {address}: {error}")
     if not address:

@@ -54,17 +54,18 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Tests go to whichever worker is free, but those that start Ray (IMPALA's, and run.sh's runs of every script)
-    run one after the other on one worker, first: a `ray.init()` joins the cluster that another test's `ray start`
-    made, and a local Ray instance takes the cores for seconds as it starts. xdist's own `--dist loadgroup` does
-    this by a marker, but renames the tests to do it, which pytest 9.2 no longer lets it."""
+    """Tests go to whichever worker is free, but the two-node Ray clusters (tests/test_impala_cluster.py) start one
+    after the other on one worker: each binds Ray's ports and writes the address that `ray.init()` finds. The
+    scripts' local Ray instances (`--ray-address` empty: Ray's "local") stay out of a cluster's way and run anywhere;
+    in one worker with the clusters they made the slow tier's critical path. xdist's own `--dist loadgroup` groups
+    tests by a marker, but renames the tests to do it, which pytest 9.2 no longer lets it."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class RayTestsTogether(LoadScopeScheduling):
+    class ClustersTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid):  # a scope is a unit of work that one worker runs, largest first
-            return "ray" if "impala" in nodeid or "test_run_sh_" in nodeid else nodeid
+            return "clusters" if nodeid.startswith("tests/test_impala_cluster.py") else nodeid
 
-    return RayTestsTogether(config, log)
+    return ClustersTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)

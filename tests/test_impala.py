@@ -275,7 +275,9 @@ def check_summary(summary, fresh_per_update):
     ],
 )
 def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir):
-    summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir)
+    # RAY_ADDRESS names a cluster that is not there: a run without --ray-address starts a Ray of its own all the same
+    no_cluster = {"RAY_ADDRESS": "127.0.0.1:9"}
+    summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir, env=no_cluster)
     check_summary(summary, fresh_per_update)
     assert summary["lstm"] == ("--lstm" in args)
     assert_compiled_as_designed(summary, " --lstm" if summary["lstm"] else "")

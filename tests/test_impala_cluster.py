@@ -47,28 +47,45 @@ def cluster(tmp_path, monkeypatch):
     (hidden / MODULE).write_text("raise ModuleNotFoundError('not on this node', name='run_bookkeeping')\n")
     monkeypatch.setenv("PYTHONPATH", str(hidden))  # the nodes' processes and their workers inherit it
     health_checks = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
-    agents_before = ray_agents()
     cluster = cluster_utils.Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 4, "include_dashboard": False, "_system_config": health_checks},
     )
     cluster.add_node(num_cpus=2)
+    agents = started_by(cluster, AGENTS)
     yield cluster
+    agents |= started_by(cluster, AGENTS)
     cluster.shutdown()
-    for pid in ray_agents() - agents_before:  # a killed raylet's agents outlive it (see docs/impala.md)
-        os.kill(int(pid), signal.SIGKILL)
+    for pid in agents:  # a killed raylet's agents outlive it (see docs/impala.md)
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(int(pid), signal.SIGKILL)
 
 
-def ray_agents():
-    return set(
-        subprocess.run(
-            ["pgrep", "-f", "ray::DashboardAgent|ray::RuntimeEnvAgent"], capture_output=True, text=True
-        ).stdout.split()
-    )
+AGENTS, ACTORS = "ray::DashboardAgent|ray::RuntimeEnvAgent", "ray::UnrollActor"
 
 
-def actor_processes():
-    return set(subprocess.run(["pgrep", "-f", "ray::UnrollActor"], capture_output=True, text=True).stdout.split())
+def started_by(cluster, names, nodes=None):
+    """The processes named `names` (a pgrep pattern) that the cluster's raylets started (a node's workers and agents
+    are its raylet's children), on `nodes` or all of them. Other tests' Ray instances on this machine are not theirs."""
+    nodes = [node for node in [cluster.head_node, *cluster.worker_nodes] if node] if nodes is None else nodes
+    pids = set()
+    for node in nodes:
+        (raylet,) = node.all_processes["raylet"]
+        pgrep = ["pgrep", "-P", str(raylet.process.pid), "-f", names]
+        pids |= set(subprocess.run(pgrep, capture_output=True, text=True).stdout.split())
+    return pids
+
+
+def gone(pids):
+    """None of `pids` runs (a zombie whose new parent has yet to reap it has ended)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return False
+        except FileNotFoundError:
+            pass
+    return True
 
 
 def start_run(cluster, total_timesteps, workdir):
@@ -83,23 +100,13 @@ def start_run(cluster, total_timesteps, workdir):
     return start_script(os.path.join(alone, "impala_ray.py"), args, workdir, env=env)
 
 
-def actors_on(node):
-    """The actor processes a node's raylet started (its workers are the raylet's children)."""
-    (raylet,) = node.all_processes["raylet"]
-    return set(
-        subprocess.run(
-            ["pgrep", "-P", str(raylet.process.pid), "-f", "ray::UnrollActor"], capture_output=True, text=True
-        ).stdout.split()
-    )
-
-
-def wait_for_actors(proc, before, count=4, timeout=120, on=None):
-    """Until `count` new actor processes play, two of them on the node `on` if given (then a few seconds more: some
+def wait_for_actors(cluster, proc, count=4, timeout=120, on=None):
+    """Until `count` actor processes play, two of them on the node `on` if given (then a few seconds more: some
     updates in)."""
     deadline = time.time() + timeout
-    while len(actor_processes() - before) < count or (on is not None and len(actors_on(on)) < 2):
+    while len(started_by(cluster, ACTORS)) < count or (on is not None and len(started_by(cluster, ACTORS, [on])) < 2):
         assert time.time() < deadline and proc.poll() is None, (
-            actors_on(on) if on else "",
+            started_by(cluster, ACTORS, [on]) if on else "",
             proc.communicate()[1][-2000:],
         )
         time.sleep(0.5)
@@ -116,7 +123,6 @@ def head_node_name(summary, other_nodes):
 
 
 def test_actors_are_spread_over_both_nodes_and_none_outlives_the_run(cluster, workdir):
-    before = actor_processes()
     proc = start_run(cluster, 40_000, workdir)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
@@ -125,9 +131,9 @@ def test_actors_are_spread_over_both_nodes_and_none_outlives_the_run(cluster, wo
     assert summary["steps_done"] >= 40_000 and summary["ray_address"] == cluster.address
     assert summary["actor_restarts"] == 0 and summary["unrolls_lost"] == 0
     deadline = time.time() + 15  # the cluster runs on; the run's actors end with their driver
-    while actor_processes() - before and time.time() < deadline:
+    while started_by(cluster, ACTORS) and time.time() < deadline:
         time.sleep(0.5)
-    assert not actor_processes() - before
+    assert not started_by(cluster, ACTORS)
 
 
 def test_a_node_stopped_mid_run_costs_its_actors_not_the_run(cluster, workdir):
@@ -135,14 +141,13 @@ def test_a_node_stopped_mid_run_costs_its_actors_not_the_run(cluster, workdir):
     reaches its budget. Whether a call in flight fails with them is Ray's choice (Ray 2.60 re-sends the calls it
     still holds to the restarted actor: 0 or 1 lost in two runs here); each failure the run sees is counted."""
     (second_node,) = cluster.worker_nodes
-    before = actor_processes()
     proc = start_run(cluster, 300_000, workdir)
-    wait_for_actors(proc, before, on=second_node)  # SPREAD places one actor per node in turn, but only as it can
-    on_second_node = actors_on(second_node)
+    wait_for_actors(cluster, proc, on=second_node)  # SPREAD places one actor per node in turn, but only as it can
+    on_second_node = started_by(cluster, ACTORS, [second_node])
     cluster.remove_node(second_node, allow_graceful=False)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
-    assert not on_second_node & actor_processes()  # they died with their node
+    assert gone(on_second_node)  # they died with their node
     summary = summary_of(stdout)
     assert list(summary["actor_nodes"].values()) == [4], summary["actor_nodes"]  # restarted on the head, and played
     assert summary["steps_done"] >= 300_000 and summary["num_updates"] == -(-300_000 // 320)
@@ -154,9 +159,8 @@ def test_a_node_stopped_mid_run_costs_its_actors_not_the_run(cluster, workdir):
 
 
 def test_a_head_that_goes_away_ends_the_driver_with_one_line(cluster, workdir):
-    before = actor_processes()
     proc = start_run(cluster, 2_000_000, workdir)
-    wait_for_actors(proc, before)
+    wait_for_actors(cluster, proc)
     removed = time.time()
     cluster.remove_node(cluster.head_node, allow_graceful=False)
     stdout, stderr = proc.communicate(timeout=120)
@@ -169,9 +173,8 @@ def test_a_head_that_goes_away_ends_the_driver_with_one_line(cluster, workdir):
 def test_sigterm_reaches_the_watched_driver(cluster, workdir):
     """On a cluster the driver runs in a child of the process the user started: a SIGTERM to that process stops
     the run as it does locally (summary of the steps done, exit code 143)."""
-    before = actor_processes()
     proc = start_run(cluster, 2_000_000, workdir)
-    wait_for_actors(proc, before)
+    wait_for_actors(cluster, proc)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
@@ -183,9 +186,8 @@ def test_sigterm_reaches_the_watched_driver(cluster, workdir):
 def test_the_driver_stops_when_its_watcher_is_killed(cluster, workdir):
     """SIGKILL to the process the user started (it cannot pass anything on): the driver gets a SIGTERM from the
     kernel (PR_SET_PDEATHSIG) and stops as after Ctrl-C, with a summary of the steps done; nothing trains on."""
-    before = actor_processes()
     proc = start_run(cluster, 2_000_000, workdir)
-    wait_for_actors(proc, before)
+    wait_for_actors(cluster, proc)
     (driver,) = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     proc.kill()
     proc.communicate(timeout=60)
