@@ -30,7 +30,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -68,6 +68,15 @@ class Args(RunArgs):
     measure_burnin: int = 50
     """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
 
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
+    rates=("learning_rate", "tau", "exploration_fraction"),
+    fractions=("gamma", "tau", "exploration_fraction", "start_e", "end_e"),
+    at_least_0=("measure_burnin",),
+    before_the_end=("learning_starts",),
+)
 
 LOG_EVERY = 100  # updates between metric reads: each read is one host sync
 
@@ -324,10 +333,7 @@ def evaluate(q_network, args, device, video_folder=None):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
-    counts = ("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency")
-    rates = ("learning_rate", "tau", "exploration_fraction")
-    fractions = ("gamma", "tau", "exploration_fraction")
-    run = Run(args, counts=counts, rates=rates, fractions=fractions)
+    run = Run(args, RANGES)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.learning_starts < args.batch_size:

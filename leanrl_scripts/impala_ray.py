@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -98,6 +98,15 @@ class Args(RunArgs):
     """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
     measure_burnin: int = 3
     """learner updates that the speed figure leaves out (actor start-up, compilation, graph capture)"""
+
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"),
+    rates=("learning_rate", "max_grad_norm", "rho_clip", "pg_rho_clip", "c_clip"),
+    fractions=("gamma",),
+    at_least_0=("ent_coef", "vf_coef", "trust_region", "measure_burnin"),
+)
 
 
 def env_kind(env_id):
@@ -714,8 +723,7 @@ if __name__ == "__main__":
         fail('Ray is not installed: pip install ".[ray]"')
     if args.ray_address:
         watch_driver(args.ray_address)
-    counts = ("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size")
-    run = Run(args, counts=counts, rates=("learning_rate",), fractions=("gamma",))
+    run = Run(args, RANGES)
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)

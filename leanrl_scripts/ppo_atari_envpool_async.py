@@ -27,7 +27,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -68,6 +68,15 @@ class Args(RunArgs):
     """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
     measure_burnin: int = 1
     """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    fractions=("gamma", "gae_lambda"),
+    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+)
 
 
 def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True, render=False):
@@ -252,12 +261,7 @@ if __name__ == "__main__":
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
-    run = Run(
-        args,
-        counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-        rates=("learning_rate",),
-        fractions=("gamma", "gae_lambda"),
-    )
+    run = Run(args, RANGES)
     if args.num_envs % 2:
         fail(f"--num-envs {args.num_envs} must be even: envpool steps half of the envs at a time")
     batch_size = args.num_envs * args.num_steps

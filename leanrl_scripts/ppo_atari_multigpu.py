@@ -31,7 +31,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import SIGNALS_RECEIVED, Run, RunArgs, Stopped, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, Stopped, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -80,6 +80,15 @@ class Args(RunArgs):
     """(derived) the number of processes, from torchrun"""
     num_envs: tyro.conf.Suppress[int] = 0
     """(derived) all processes' envs: local_num_envs x world_size"""
+
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("local_num_envs", "num_steps", "num_minibatches", "update_epochs"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    fractions=("gamma", "gae_lambda"),
+    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+)
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False, threads=None):
@@ -287,15 +296,13 @@ def mean_over_processes(values, group):
     return values
 
 
-def stop_together(group):
-    """Every process stops at the same step, so none is left waiting in a collective: a signal any of them got
-    (torchrun hands Ctrl-C and SIGTERM to all) is agreed on by one all-reduce of one number per env step."""
-    signum = torch.tensor(SIGNALS_RECEIVED[:1] or [0])
+def signal_of_any_process(signum, group):
+    """The signal that any process got (0: none; torchrun hands Ctrl-C and SIGTERM to all), by one all-reduce of one
+    number per env step: every process stops at the same step, so none is left waiting in a collective."""
+    signum = torch.tensor([signum])
     if group is not None:
         all_reduce(signum, group, dist.ReduceOp.MAX)
-    if signum.item():  # the agreed number alone decides: a signal noted during the all-reduce waits for the next
-        SIGNALS_RECEIVED.append(int(signum.item()))  # the line names the first: a process's own, else this one
-        stop_if_signalled()
+    return int(signum.item())
 
 
 def game_video(folder, first_frame, fps=15):
@@ -349,8 +356,7 @@ if __name__ == "__main__":
         args.num_envs = args.local_num_envs * args.world_size
         if envpool is None:
             fail('envpool is not installed: pip install ".[envpool]"')
-        counts = ("local_num_envs", "num_steps", "num_minibatches", "update_epochs")
-        run = Run(args, counts=counts, rates=("learning_rate",), fractions=("gamma", "gae_lambda"))
+        run = Run(args, RANGES)
         device = run.device
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         if gpus and args.device_ids and (len(args.device_ids) != local_world_size or max(args.device_ids) >= gpus):
@@ -423,7 +429,7 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // batch_size
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
-    run.start(write=rank == 0)  # the others only note a signal; stop_together makes it everyone's
+    run.start(write=rank == 0)  # the others only note a signal; signal_of_any_process makes it everyone's
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
@@ -432,7 +438,7 @@ if __name__ == "__main__":
             learning_rate.fill_(lr_now)
 
             for step in range(T):
-                stop_together(stop_group)
+                stop_if_signalled(agree=partial(signal_of_any_process, group=stop_group))
                 obs[step] = next_obs
                 dones[step] = next_done
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)

@@ -22,7 +22,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -64,6 +64,14 @@ class Args(RunArgs):
     measure_burnin: int = 1
     """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
 
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    fractions=("gamma", "gae_lambda"),
+    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+)
 
 LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
 
@@ -296,12 +304,7 @@ def evaluate(agent, obs_stats, args, device, video_folder):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(
-        args,
-        counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-        rates=("learning_rate",),
-        fractions=("gamma", "gae_lambda"),
-    )
+    run = Run(args, RANGES)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")

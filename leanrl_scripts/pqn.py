@@ -21,7 +21,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -56,6 +56,15 @@ class Args(RunArgs):
     """the lambda of the Q(lambda) returns (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
     measure_burnin: int = 1
     """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
+    rates=("learning_rate", "max_grad_norm", "exploration_fraction"),
+    fractions=("gamma", "q_lambda", "start_e", "end_e", "exploration_fraction"),
+    at_least_0=("measure_burnin",),
+)
 
 
 def make_envs(env_id, num_envs, seed=0, video_folder=None):
@@ -189,12 +198,7 @@ def evaluate(q_network, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(
-        args,
-        counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-        rates=("learning_rate", "max_grad_norm", "exploration_fraction"),
-        fractions=("gamma", "q_lambda", "start_e", "end_e", "exploration_fraction"),
-    )
+    run = Run(args, RANGES)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")

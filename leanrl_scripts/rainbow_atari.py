@@ -34,7 +34,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -88,6 +88,15 @@ class Args(RunArgs):
     measure_burnin: int = 50
     """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
 
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "n_step"),
+    rates=("learning_rate", "tau", "exploration_fraction", "prioritized_replay_eps"),
+    fractions=("gamma", "tau", "exploration_fraction", "prioritized_replay_beta", "start_e", "end_e"),
+    at_least_0=("prioritized_replay_alpha", "measure_burnin"),
+    before_the_end=("learning_starts",),
+)
 
 LOG_EVERY = 100  # updates between metric reads: each read is one host sync
 
@@ -482,10 +491,7 @@ def evaluate(q_network, support, args, device, video_folder=None):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
-    counts = ("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "n_step")
-    rates = ("learning_rate", "tau", "exploration_fraction")
-    fractions = ("gamma", "tau", "exploration_fraction", "prioritized_replay_beta")
-    run = Run(args, counts=counts, rates=rates, fractions=fractions)
+    run = Run(args, RANGES)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     first_ready = (args.n_step + 1) * args.num_envs  # the steps before the first transition can be drawn
@@ -496,8 +502,6 @@ if __name__ == "__main__":
         )
     if args.n_atoms < 2 or not args.v_min < args.v_max:
         fail(f"the support needs --n-atoms of 2 or more (not {args.n_atoms}) and --v-min below --v-max")
-    if not args.prioritized_replay_alpha >= 0 or not args.prioritized_replay_eps > 0:
-        fail("--prioritized-replay-alpha must be 0 or more (0: uniform replay) and --prioritized-replay-eps positive")
     device = run.device
     # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
     tune_cpu(args.torch_threads, device, threads=usable_cores())

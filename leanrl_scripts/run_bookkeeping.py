@@ -1,7 +1,7 @@
 """Run bookkeeping for the scripts beside it: what every script needs and no reader of its algorithm comes for; no
 algorithm (networks, losses, env wrappers, replay). A script uses it in this order:
 
-    run = Run(args, counts=..., rates=..., fractions=...)  # bad flags: one line, exit code 2; seeds; the device
+    run = Run(args, RANGES)  # flags outside the script's Ranges: one line, exit code 2; seeds; the device
     tune_cpu(args.torch_threads, run.device, threads=...)  # torch's CPU threads, before any tensor work
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the checkpoint's contents
     run.start()  # the run folder, TensorBoard, W&B, the signal watcher
@@ -99,6 +99,37 @@ def fail(message):
     sys.exit(2)
 
 
+@dataclass(frozen=True)
+class Ranges:
+    """The values a script's flags may take, declared beside its Args; Run refuses any other in one line, exit code 2,
+    before any work. A flag left at None (a feature switched off) is not checked."""
+
+    counts: tuple = ()  # whole numbers, 1 or more
+    rates: tuple = ()  # numbers above 0 (nan and inf refused)
+    fractions: tuple = ()  # numbers in [0, 1]
+    at_least_0: tuple = ()  # numbers 0 or more
+    before_the_end: tuple = ()  # steps before learning starts: below --total-timesteps, or no update would run
+
+    def check(self, args):
+        rules = [
+            (self.counts, lambda value: value > 0, "must be positive"),
+            (self.rates, lambda value: 0 < value < math.inf, "must be a positive number"),
+            (self.fractions, lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+            (self.at_least_0, lambda value: 0 <= value < math.inf, "must be 0 or more"),
+        ]
+        for names, valid, rule in rules:
+            for name in names:
+                value = getattr(args, name)
+                if value is not None and not valid(value):  # nan fails every comparison: refused too
+                    fail(f"--{name.replace('_', '-')} {rule}, not {value}")
+        for name in self.before_the_end:
+            if 0 < args.total_timesteps <= getattr(args, name):  # 0: --load-model evaluates, no update is asked
+                fail(
+                    f"--{name.replace('_', '-')} {getattr(args, name)} leaves no update: it must be below "
+                    f"--total-timesteps {args.total_timesteps}"
+                )
+
+
 def check_fits(num_bytes, device, flag):
     """A buffer larger than the device's memory fails now (exit code 2), not hours later as its pages fill."""
     cuda = device.type == "cuda"
@@ -178,10 +209,15 @@ class Stopped(Exception):
         self.keep_model = keep_model
 
 
-def stop_if_signalled():
-    """The loop's safe point: raises Stopped once a Ctrl-C or SIGTERM came, so the run ends between two steps."""
-    if SIGNALS_RECEIVED:
-        raise Stopped(f"stopped by {signal.Signals(SIGNALS_RECEIVED[0]).name}", 128 + SIGNALS_RECEIVED[0])
+def stop_if_signalled(agree=None):
+    """The loop's safe point: raises Stopped once a Ctrl-C or SIGTERM came, so the run ends between two steps.
+    Processes that must stop at the same step pass `agree`: it maps this process's signal (0: none) to the one they
+    agreed on, which alone decides (one that comes while they agree waits for the next safe point)."""
+    own = SIGNALS_RECEIVED[0] if SIGNALS_RECEIVED else 0
+    agreed = agree(own) if agree else own
+    if agreed:
+        signum = own or agreed  # the line names this process's own signal, else the one the others got
+        raise Stopped(f"stopped by {signal.Signals(signum).name}", 128 + signum)
 
 
 def _write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
@@ -208,6 +244,16 @@ def _load_keeping_settings(optimizer, saved):  # the optimizer's state from a ch
         group.update(own)
 
 
+def _mujoco_of(env_id):  # MuJoCo's module where gymnasium makes `env_id` with it (HalfCheetah-v5), else None
+    gymnasium = sys.modules.get("gymnasium")
+    spec = gymnasium.registry.get(env_id) if gymnasium else None
+    if spec is None or "mujoco" not in str(spec.entry_point):
+        return None
+    import mujoco
+
+    return mujoco
+
+
 def _graph_counts():  # torch.compile's graphs and graph breaks so far in this process
     if "torch._dynamo" not in sys.modules:
         return 0, 0
@@ -227,23 +273,14 @@ def _descendants(pid):  # the processes `pid` started (an actor process, Ray's),
 class Run:
     """One training run's bookkeeping, in the order of the module's docstring. A method's name says what it does."""
 
-    def __init__(self, args, counts=(), rates=(), fractions=()):
-        """Refuses flags that are not positive (`counts`), not a positive number (`rates`), out of [0, 1]
-        (`fractions`), and seeds Python, NumPy and torch."""
+    def __init__(self, args, ranges=Ranges()):
+        """Refuses flags outside the script's `ranges` (and the shared ones), seeds Python, NumPy and torch."""
         self.args = args
         self.start_time = time.perf_counter()
         if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
             fail("--total-timesteps must be positive (0 only with --load-model)")
-        rules = [
-            (counts, lambda value: value > 0, "must be positive"),
-            (rates, lambda value: 0 < value < math.inf, "must be a positive number"),  # also refuses nan
-            (fractions, lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-            (("eval_episodes", "torch_threads"), lambda value: value >= 0, "must be 0 or more"),
-        ]
-        for names, valid, rule in rules:
-            for name in names:
-                if not valid(getattr(args, name)):
-                    fail(f"--{name.replace('_', '-')} {rule}")
+        ranges.check(args)
+        Ranges(at_least_0=("eval_episodes", "torch_threads")).check(args)
         if not 0 <= args.seed <= 2**30:  # envpool takes 31-bit seeds, NumPy 32; the scripts add offsets to theirs
             fail(f"--seed must be from 0 to 2**30, not {args.seed}")
         if args.load_model and not os.path.isfile(args.load_model):
@@ -298,6 +335,10 @@ class Run:
         # start, which shows them: a refusal before it is its one line alone.
         self.holding_warnings = warnings.catch_warnings(record=True)
         self.held_warnings = self.holding_warnings.__enter__()
+        self.mujoco = _mujoco_of(args.env_id)  # MuJoCo prints its model compiler's warnings itself: held too
+        self.mujoco_warnings = []
+        if self.mujoco:
+            self.mujoco.set_mju_user_warning(self.mujoco_warnings.append)
 
     def save_and_load(self, states, **sizes):
         """Names what a checkpoint holds, `states` (modules and optimizers) and the `sizes` they were made for: saved at
@@ -335,6 +376,10 @@ class Run:
         if args.save_model and self.states is None:
             fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
         self.holding_warnings.__exit__(None, None, None)
+        if self.mujoco:
+            self.mujoco.set_mju_user_warning(None)  # MuJoCo's own printing again
+            for text in self.mujoco_warnings:
+                print(f"WARNING: {text}", file=sys.stderr)
         for held in self.held_warnings:
             warnings.showwarning(held.message, held.category, held.filename, held.lineno)
         if write:

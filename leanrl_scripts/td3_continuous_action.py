@@ -20,7 +20,7 @@ import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -54,6 +54,15 @@ class Args(RunArgs):
     measure_burnin: int = 50
     """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
 
+
+# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
+RANGES = Ranges(
+    counts=("num_envs", "batch_size", "buffer_size", "policy_frequency"),
+    rates=("learning_rate", "tau"),
+    fractions=("gamma", "tau"),
+    at_least_0=("exploration_noise", "policy_noise", "noise_clip", "measure_burnin"),
+    before_the_end=("learning_starts",),
+)
 
 LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
 
@@ -236,12 +245,7 @@ def evaluate(actor, args, device, video_folder):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(
-        args,
-        counts=("num_envs", "batch_size", "buffer_size", "policy_frequency"),
-        rates=("learning_rate", "tau"),
-        fractions=("gamma", "tau"),
-    )
+    run = Run(args, RANGES)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device

@@ -1,18 +1,22 @@
 """What a run does when things go wrong: divergence, Ctrl-C and SIGTERM, a full disk, a run folder that cannot be
 made, bad checkpoints, values that make no sense; and the progress lines it prints when its output goes to a pipe."""
 
+import dataclasses
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import typing
 
 import pytest
 import torch
 
-from script_runs import SCRIPTS, run_script, start_script
+from run_bookkeeping import RunArgs
+from script_runs import ALL_SCRIPTS, SCRIPTS, load_script, run_script, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
 BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
@@ -305,6 +309,81 @@ def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
             proc.stderr[-2000:],
         )
         assert not os.path.exists(os.path.join(workdir, "runs"))
+
+
+# Numeric flags outside a script's Ranges, each with why: the script checks them against each other.
+CHECKED_TOGETHER = {
+    "impala_ray.py": {"replay_ratio", "hide_obs"},  # a fraction below 1; observation indices, each in range
+    "ppo_atari_multigpu.py": {"device_ids", "world_size", "num_envs"},  # one GPU per process; set from torchrun
+    "rainbow_atari.py": {"n_atoms", "v_min", "v_max"},  # 2 or more atoms on [v_min, v_max], v_min below v_max
+}
+OUTSIDE = {  # values outside each kind of range, as a user might type them
+    "counts": [0, -1],
+    "rates": [0, -0.5, float("nan")],
+    "fractions": [1.5, -0.1],
+    "at_least_0": [-0.5, float("nan")],
+}
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_every_numeric_flag_has_its_range_and_a_value_outside_it_is_one_error_line(script, capsys):
+    """Each script declares beside its Args the values each flag may take (run_bookkeeping.Ranges); every value
+    outside them is refused in one line before any work. Here in-process, each flag with each kind of bad value."""
+    module = load_script(script)
+    ranges = module.RANGES
+    declared = set().union(*(getattr(ranges, kind.name) for kind in dataclasses.fields(ranges)))
+    shared = {field.name for field in dataclasses.fields(RunArgs)}  # the module's own checks
+    types = typing.get_type_hints(module.Args)
+    numeric = {name for name, kind in types.items() if re.search(r"\b(int|float)\b", str(kind))}
+    assert numeric - shared - CHECKED_TOGETHER.get(script, set()) == declared
+    module.RANGES.check(module.Args())  # the defaults are in range
+    bad = [(name, value) for kind, values in OUTSIDE.items() for name in getattr(ranges, kind) for value in values]
+    bad += [(name, module.Args().total_timesteps) for name in ranges.before_the_end]
+    for name, value in bad:
+        with pytest.raises(SystemExit) as stop:
+            ranges.check(dataclasses.replace(module.Args(), **{name: value}))
+        line = capsys.readouterr().err
+        assert stop.value.code == 2 and line.startswith(f"error: --{name.replace('_', '-')} ") and line.count("\n") == 1
+
+
+# Values that trained and exited 0 before their scripts declared their ranges
+NO_SENSE = [
+    ("td3_continuous_action.py", ["--noise-clip", -0.5], "error: --noise-clip must be 0 or more, not -0.5"),
+    ("ppo_continuous_action.py", ["--clip-coef", -0.2], "error: --clip-coef must be a positive number, not -0.2"),
+    ("ppo_atari_envpool.py", ["--max-grad-norm", -0.5], "error: --max-grad-norm must be a positive number, not -0.5"),
+    ("dqn.py", ["--start-e", 1.5], "error: --start-e must be in [0, 1], not 1.5"),
+    ("dqn_atari.py", ["--end-e", -0.1], "error: --end-e must be in [0, 1], not -0.1"),
+    ("rainbow_atari.py", ["--end-e", 2, "--no-noisy"], "error: --end-e must be in [0, 1], not 2.0"),
+    (
+        "sac_continuous_action.py",
+        ["--total-timesteps", 400, "--learning-starts", 500],
+        "error: --learning-starts 500 leaves no update: it must be below --total-timesteps 400",
+    ),
+]
+
+
+@pytest.mark.parametrize("script, args, line", NO_SENSE, ids=[case[0] for case in NO_SENSE])
+def test_a_value_that_makes_no_sense_is_refused_from_the_command_line(script, args, line, workdir):
+    _, proc = run_script(script, [*CASES[script]["base"], *args], workdir, check=False, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == line + "\n" and not os.path.exists(os.path.join(workdir, "runs"))
+
+
+def test_mujocos_own_warnings_wait_for_the_run_so_a_refusal_is_one_line(workdir):
+    """MuJoCo prints its model compiler's warnings itself, not through Python's (HalfCheetah-v5's deprecated
+    `settotalmass`): held until the run starts, they stay off the terminal of a refused checkpoint and show in a run."""
+    pytest.importorskip("mujoco")
+    with open(os.path.join(workdir, "bad.pt"), "w") as f:
+        f.write("not a checkpoint")
+    base = ["--env-id", "HalfCheetah-v5", "--eval-episodes", 0]
+    _, proc = run_script(
+        "td3_continuous_action.py", [*base, "--total-timesteps", 0, "--load-model", "bad.pt"], workdir, check=False
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr == "error: --load-model: bad.pt is not a checkpoint of this script (UnpicklingError)\n"
+    )
+    _, proc = run_script("td3_continuous_action.py", [*base, *OFF_POLICY], workdir)
+    assert proc.stderr.startswith("WARNING: compiler attribute 'settotalmass' is deprecated")
 
 
 def wait_for(path, proc, timeout=300):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import run_bookkeeping
 from checks import assert_a_seed_learns, assert_compiled_as_designed, learned_the_cue
 from script_runs import ROOT, SCRIPTS, STANDIN, load_script, sabotaged_if_asked
 
@@ -270,22 +271,25 @@ def test_a_signal_during_the_stop_all_reduce_waits_for_the_next_one(monkeypatch)
     must not stop on its own (its peer, which sent 0, steps on into the next collective and finds it gone); the
     agreed number alone decides, and the signal goes into the next step's number."""
     module = load_script(SCRIPT)
-    received = module.SIGNALS_RECEIVED  # the list the signal handler fills and stop_if_signalled reads
+    received = run_bookkeeping.SIGNALS_RECEIVED  # the list the signal handler fills and stop_if_signalled reads
     received.clear()
 
     def all_reduce_during_which_sigterm_comes(tensor, group, op):  # the peer sends 0
         received.append(signal.SIGTERM)  # the handler runs while the collective is under way
 
+    def stop_together():  # the script's safe point, each env step
+        module.stop_if_signalled(agree=partial(module.signal_of_any_process, group=object()))
+
     try:
         monkeypatch.setattr(module, "all_reduce", all_reduce_during_which_sigterm_comes)
-        module.stop_together(group=object())  # agreed: 0 from both; no stop
+        stop_together()  # agreed: 0 from both; no stop
         with pytest.raises(module.Stopped, match="stopped by SIGTERM"):
-            module.stop_together(group=object())  # this time the process sends it, and both stop here
+            stop_together()  # this time the process sends it, and both stop here
 
         received.clear()
         monkeypatch.setattr(module, "all_reduce", lambda tensor, group, op: tensor.fill_(signal.SIGINT))
         with pytest.raises(module.Stopped, match="stopped by SIGINT"):  # a peer's signal stops one that got none
-            module.stop_together(group=object())
+            stop_together()
     finally:
         received.clear()
 
