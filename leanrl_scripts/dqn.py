@@ -9,6 +9,7 @@ behind a rate limiter.
 """
 
 import math
+import sys
 from dataclasses import dataclass
 from functools import partial
 
@@ -288,4 +289,4 @@ if __name__ == "__main__":
         "replay_ratio_target": args.batch_size / args.train_frequency,
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
     }
-    run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary))

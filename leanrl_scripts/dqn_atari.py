@@ -9,6 +9,7 @@ update take torch.compile and CUDA graphs. dqn_atari_async.py acts in a second p
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -421,4 +422,4 @@ if __name__ == "__main__":
         "replay_ratio_target": args.batch_size / args.train_frequency,
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
     }
-    run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary))

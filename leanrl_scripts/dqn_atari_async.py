@@ -562,7 +562,8 @@ class ActorProcess:
             games, env_seconds = content
             for step, score, length in games:
                 run.record_episode(step, score, length)
-            run.env_seconds, self.env_seconds = run.env_seconds + env_seconds - self.env_seconds, env_seconds
+            run.add_env_seconds(env_seconds - self.env_seconds)  # the actor reports its total
+            self.env_seconds = env_seconds
 
     def stop(self, run, timeout=5):
         deadline = time.monotonic() + timeout
@@ -732,4 +733,4 @@ if __name__ == "__main__":
     summary["compiled_pieces"] = ["td_loss"] if args.compile else []
     summary.update(learner_wait_seconds=wait_seconds, replay_ratio_target=float(replay_ratio))
     summary["replay_ratio_achieved"] = num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)
-    run.evaluate_and_write(partial(evaluate, q_network, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, q_network, args, device, run.video_folder), summary))

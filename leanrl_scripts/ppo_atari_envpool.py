@@ -8,6 +8,7 @@ into the pinned buffer. Envpool's async mode, which needs storage of its own, is
 """
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -73,9 +74,9 @@ class Args(RunArgs):
 # The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm"),
     fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
 )
 
 
@@ -369,10 +370,10 @@ if __name__ == "__main__":
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
-            recent = np.mean(run.recent_returns) if run.recent_returns else np.nan  # CleanRL's last 20 games
+            recent = run.recent_return()  # CleanRL's last 20 games
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
     run.end_training(global_step, metrics)
     envs.close()
 
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
-    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))

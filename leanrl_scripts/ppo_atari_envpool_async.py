@@ -8,6 +8,7 @@ rollout carry into the next one, acted on by weights one update older; runs are 
 """
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -73,9 +74,9 @@ class Args(RunArgs):
 # The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm"),
     fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
 )
 
 
@@ -392,10 +393,10 @@ if __name__ == "__main__":
             for t in storage:
                 t[:carried] = t[T : T + carried].clone()
             row_of_env -= T
-            recent = np.mean(run.recent_returns) if run.recent_returns else np.nan  # CleanRL's last 20 games
+            recent = run.recent_return()  # CleanRL's last 20 games
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
     run.end_training(global_step, metrics)
     envs.close()
 
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
-    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))

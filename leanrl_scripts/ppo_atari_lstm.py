@@ -8,6 +8,7 @@ from the stored rollout state or from zeros, so one LSTM call gives exactly the 
 """
 
 import os
+import sys
 from collections import defaultdict, namedtuple
 from dataclasses import dataclass
 from functools import partial
@@ -81,9 +82,9 @@ class Args(RunArgs):
 # The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm"),
     fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
 )
 
 
@@ -486,4 +487,4 @@ if __name__ == "__main__":
     summary = dict(lstm_impl=args.lstm_impl, padded_steps=padded_steps, real_steps=real_steps, num_updates=num_updates)
     summary.update(update_shapes=len(update_steps))
     summary["compiled_pieces"] = pieces if args.compile else []
-    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))

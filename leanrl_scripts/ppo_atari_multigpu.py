@@ -85,9 +85,9 @@ class Args(RunArgs):
 # The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("local_num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm"),
     fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
 )
 
 
@@ -482,13 +482,13 @@ if __name__ == "__main__":
             elif not averaged.isfinite().all():  # the first process stops on the same numbers, with the line
                 raise Stopped("training diverged", 1, keep_model=False)
     envs.close()
-    if group is not None and not (run.stopped and run.stopped.exit_code == 1):  # not after a failed collective
+    if group is not None and run.exit_code() != 1:  # not after a failed collective
         dist.destroy_process_group()
     if rank != 0:
-        sys.exit(run.stopped.exit_code if run.stopped else 0)
+        sys.exit(run.exit_code())
     run.end_training(global_step, metrics)
 
     summary = {"world_size": args.world_size, "local_num_envs": args.local_num_envs, "num_updates": num_updates}
     summary["backend"] = backend if args.world_size > 1 else None
     summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
-    run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))

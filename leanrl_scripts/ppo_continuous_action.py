@@ -10,6 +10,7 @@ T log T work instead of T, nothing next to the update.
 """
 
 import math
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -68,9 +69,9 @@ class Args(RunArgs):
 # The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm", "target_kl"),
+    rates=("learning_rate", "clip_coef", "max_grad_norm"),
     fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "measure_burnin"),
+    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
 )
 
 LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
@@ -144,6 +145,25 @@ def obs_normalizers(envs):
             env = env.env
         found.append(env)
     return found
+
+
+class ObsStatistics:
+    """The normalizers' running statistics as a checkpoint holds them: env 0's stand for all (each env keeps its own,
+    and evaluation normalizes with env 0's); loading sets every env's."""
+
+    def __init__(self, normalizers):
+        self.normalizers = normalizers
+
+    def state_dict(self):
+        rms = self.normalizers[0].obs_rms
+        return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+
+    def load_state_dict(self, state):
+        for normalizer in self.normalizers:
+            # the checkpoint was loaded onto the device, where .numpy() fails: back to the host first
+            normalizer.obs_rms.mean = state["mean"].cpu().numpy()
+            normalizer.obs_rms.var = state["var"].cpu().numpy()
+            normalizer.obs_rms.count = state["count"]
 
 
 def layer_init(layer, std=math.sqrt(2), bias_const=0.0):
@@ -325,14 +345,8 @@ if __name__ == "__main__":
     # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
-    loaded = run.save_and_load({"agent": agent, "optimizer": optimizer}, obs_dim=obs_dim, act_dim=act_dim)
-    for normalizer in normalizers if loaded else ():  # the statistics the checkpoint's agent was trained with
-        # the checkpoint was loaded onto the device, where .numpy() fails: back to the host first
-        normalizer.obs_rms.mean, normalizer.obs_rms.var = (
-            loaded["obs_mean"].cpu().numpy(),
-            loaded["obs_var"].cpu().numpy(),
-        )
-        normalizer.obs_rms.count = loaded["obs_count"]
+    states = {"agent": agent, "optimizer": optimizer, "obs_statistics": ObsStatistics(normalizers)}
+    loaded = run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
     agent_view = Agent(obs_dim, act_dim).to("meta")  # acts with the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
@@ -411,8 +425,6 @@ if __name__ == "__main__":
     envs.close()
 
     obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
-    obs_state = {"obs_mean": torch.as_tensor(obs_stats.mean), "obs_var": torch.as_tensor(obs_stats.var)}
-    obs_state["obs_count"] = float(obs_stats.count)
     evaluation = partial(evaluate, agent_view, obs_stats, args, device, run.video_folder)
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
-    run.evaluate_and_write(evaluation, summary, obs_state)
+    sys.exit(run.evaluate_and_write(evaluation, summary))

@@ -8,6 +8,7 @@ update_epochs times and is dropped. pqn_atari_envpool.py is the same algorithm o
     python leanrl_scripts/pqn.py --env-id CartPole-v1 --compile
 """
 
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -298,4 +299,4 @@ if __name__ == "__main__":
         "num_updates": num_updates,
         "compiled_pieces": ["policy", "q_lambda_returns", "td_loss"] if args.compile else [],
     }
-    run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary))

@@ -9,6 +9,7 @@ replay memory every transition trains update_epochs times and is dropped; more e
 """
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -356,7 +357,7 @@ if __name__ == "__main__":
                     num_updates += 1
             # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            recent = np.mean(run.recent_returns) if run.recent_returns else np.nan  # CleanRL's last 20 games
+            recent = run.recent_return()  # CleanRL's last 20 games
             charts = dict(learning_rate=lr_now, epsilon=epsilon_at(global_step, args), avg_episodic_return=recent)
             run.log(global_step, metrics, charts=charts)
     run.end_training(global_step, metrics)
@@ -366,4 +367,4 @@ if __name__ == "__main__":
         "num_updates": num_updates,
         "compiled_pieces": ["policy", "q_lambda_returns", "td_loss"] if args.compile else [],
     }
-    run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary))

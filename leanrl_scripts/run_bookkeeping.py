@@ -13,7 +13,7 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
             run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
             run.log(step, metrics, charts=dict(learning_rate=lr))  # losses/ and charts/ in TensorBoard
     run.end_training(step, metrics)
-    run.evaluate_and_write(evaluate, summary)  # summary.json, model.pt, the SPEED line; a stopped run's exit code
+    sys.exit(run.evaluate_and_write(evaluate, summary))  # summary.json, model.pt, the SPEED line; the exit code
 
 Exit codes: 2 bad input, before any work; 1 a non-finite value (no model saved); 128 + the signal after Ctrl-C
 (130) or SIGTERM (143), the summary of the steps done written in every case."""
@@ -244,13 +244,15 @@ def _load_keeping_settings(optimizer, saved):  # the optimizer's state from a ch
         group.update(own)
 
 
-def _mujoco_of(env_id):  # MuJoCo's module where gymnasium makes `env_id` with it (HalfCheetah-v5), else None
-    gymnasium = sys.modules.get("gymnasium")
-    spec = gymnasium.registry.get(env_id) if gymnasium else None
-    if spec is None or "mujoco" not in str(spec.entry_point):
-        return None
-    import mujoco
+def _state_of(state):  # what a checkpoint keeps of one of save_and_load's states
+    return state.detach().clone() if isinstance(state, torch.Tensor) else state.state_dict()
 
+
+def _mujoco():  # MuJoCo's module where it is installed (its envs print their compiler's warnings themselves)
+    try:
+        import mujoco
+    except ImportError:
+        return None
     return mujoco
 
 
@@ -335,15 +337,15 @@ class Run:
         # start, which shows them: a refusal before it is its one line alone.
         self.holding_warnings = warnings.catch_warnings(record=True)
         self.held_warnings = self.holding_warnings.__enter__()
-        self.mujoco = _mujoco_of(args.env_id)  # MuJoCo prints its model compiler's warnings itself: held too
+        self.mujoco = _mujoco()  # MuJoCo prints its model compiler's warnings itself (HalfCheetah-v5's): held too
         self.mujoco_warnings = []
         if self.mujoco:
             self.mujoco.set_mju_user_warning(self.mujoco_warnings.append)
 
     def save_and_load(self, states, **sizes):
-        """Names what a checkpoint holds, `states` (modules and optimizers) and the `sizes` they were made for: saved at
-        the end with --save-model, loaded now with --load-model from one made for the same sizes. Returns the loaded
-        checkpoint (for what else it holds) or None."""
+        """Names what a checkpoint holds, `states` (modules, optimizers, tensors, anything with a state_dict) and the
+        `sizes` they were made for: saved at the end with --save-model, loaded now with --load-model from one made
+        for the same sizes. Returns the loaded checkpoint, or None."""
         self.states = states
         self.sizes = sizes
         path = self.args.load_model
@@ -355,6 +357,9 @@ class Run:
             for name, state in states.items() if made_for == sizes and trained_env == self.args.env_id else ():
                 if hasattr(state, "param_groups"):  # an optimizer
                     _load_keeping_settings(state, checkpoint[name])
+                elif isinstance(state, torch.Tensor):  # in place: the pieces that hold it see the loaded value
+                    with torch.no_grad():
+                        state.copy_(checkpoint[name])
                 else:
                     state.load_state_dict(checkpoint[name])
         except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
@@ -456,8 +461,13 @@ class Run:
         self._wait("an env call")
         result = env_call(*args)
         self.waiting.remove("an env call")
-        self.env_seconds += time.perf_counter() - start
+        self.add_env_seconds(time.perf_counter() - start)
         return result
+
+    def add_env_seconds(self, seconds):
+        """Time the envs took, counted into the summary's env_seconds: timed_env_call's, or another process's (an
+        actor's) as it reports it."""
+        self.env_seconds += seconds
 
     def start_speed_measure(self, step):
         """Starts the speed figure at the first call, so that warm-up and compilation are left out; later calls do
@@ -479,6 +489,10 @@ class Run:
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         if length is not None:
             self.writer.add_scalar("charts/episodic_length", length, step)
+
+    def recent_return(self):
+        """The mean return of the last 20 training episodes (the summary's return_mean), nan before the first."""
+        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
 
     def record_gymnasium_episodes(self, step, infos):
         """The episodes a gymnasium vector step ended, from each env's RecordEpisodeStatistics: under the same-step
@@ -536,10 +550,18 @@ class Run:
         self.steady_seconds = time.perf_counter() - self.steady_time
         self.sps = self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None
 
-    def evaluate_and_write(self, evaluate, summary, extra=None):
+    def per_steady_second(self, count):
+        """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
+        return count / self.steady_seconds if self.steady_steps > 0 else None
+
+    def exit_code(self):
+        """0, or the exit code of the stop that ended the training (1: a failure, such as a diverged loss)."""
+        return self.stopped.exit_code if self.stopped else 0
+
+    def evaluate_and_write(self, evaluate, summary):
         """Unless the run was stopped, `evaluate()` (a list of returns); then summary.json with the script's `summary`
-        keys added, model.pt with --save-model (save_and_load's states and `extra`; not a diverged one), the last two
-        lines, and W&B's end. Returns after a run that was not stopped; exits with the stop's exit code after one."""
+        keys added, model.pt with --save-model (save_and_load's states; not a diverged one), the last two
+        lines, and W&B's end. Returns the exit code for the script to exit with: 0, or the stop's."""
         args = self.args
         eval_returns = []
         if args.eval_episodes > 0 and not self.stopped:
@@ -550,11 +572,9 @@ class Run:
             self.writer.close()
             self._write_summary({**self._summary(eval_returns), **summary})
             if args.save_model and (self.stopped is None or self.stopped.keep_model):  # as it stood, also after a stop
-                states = {name: state.state_dict() for name, state in self.states.items()}
+                states = {name: _state_of(state) for name, state in self.states.items()}
                 buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-                torch.save(
-                    {"env_id": args.env_id, "args": asdict(args), **self.sizes, **states, **(extra or {})}, buffer
-                )
+                torch.save({"env_id": args.env_id, "args": asdict(args), **self.sizes, **states}, buffer)
                 _write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
         if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
             self._wait("W&B's upload")
@@ -566,7 +586,7 @@ class Run:
         if self.stopped:
             done = f": the steps done are in {self.dir}"
             print(f"error: {self.stopped}" if self.stopped.exit_code == 1 else f"{self.stopped}{done}", file=sys.stderr)
-            sys.exit(self.stopped.exit_code)
+        return self.exit_code()
 
     def _summary(self, eval_returns=()):  # SUMMARY_KEYS, and how the run ran
         args = self.args

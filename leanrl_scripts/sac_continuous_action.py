@@ -7,6 +7,7 @@ wrapped in torch.compile and CUDA graphs. Cost: plain tensors in and out of the 
 """
 
 import math
+import sys
 from dataclasses import dataclass
 from functools import partial
 
@@ -294,10 +295,10 @@ if __name__ == "__main__":
     # alpha's optimizer steps only when autotuned; every checkpoint holds it, so a run continues either way
     alpha_optimizer = adam([log_alpha], lr=torch.tensor(args.q_lr, device=device))
     states = dict(actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer)
-    states.update(actor_optimizer=actor_optimizer, alpha_optimizer=alpha_optimizer)
+    states.update(actor_optimizer=actor_optimizer, alpha_optimizer=alpha_optimizer, log_alpha=log_alpha)
     loaded = run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
-    if loaded and args.autotune:  # a fixed alpha is the flag's, not the checkpoint's
-        log_alpha.data.copy_(loaded["log_alpha"])
+    if not args.autotune:  # a fixed alpha is the flag's, whatever a checkpoint held
+        log_alpha.fill_(math.log(args.alpha))
     alpha = log_alpha.detach().exp()  # updated in place by the alpha step when autotuned
 
     # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
@@ -355,6 +356,4 @@ if __name__ == "__main__":
 
     pieces = ["actor_loss", "critic_loss", "policy"]
     summary = {"num_updates": num_updates, "alpha": alpha.item(), "compiled_pieces": pieces if args.compile else []}
-    run.evaluate_and_write(
-        partial(evaluate, actor_view, args, device, run.video_folder), summary, {"log_alpha": log_alpha.detach()}
-    )
+    sys.exit(run.evaluate_and_write(partial(evaluate, actor_view, args, device, run.video_folder), summary))

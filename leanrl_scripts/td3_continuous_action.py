@@ -8,6 +8,7 @@ in and out of the pieces, no TensorDicts.
 """
 
 import math
+import sys
 from dataclasses import dataclass
 from functools import partial
 
@@ -333,4 +334,4 @@ if __name__ == "__main__":
 
     pieces = ["actor_loss", "critic_loss", "policy"]
     summary = {"num_updates": num_updates, "compiled_pieces": pieces if args.compile else []}
-    run.evaluate_and_write(partial(evaluate, actor_view, args, device, run.video_folder), summary)
+    sys.exit(run.evaluate_and_write(partial(evaluate, actor_view, args, device, run.video_folder), summary))

@@ -5,6 +5,7 @@ import math
 import os
 
 import pytest
+import torch
 
 from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
 from script_runs import run_script
@@ -67,6 +68,10 @@ def test_same_seed_gives_identical_runs(script, workdir):
     assert other_seed["eval_returns"] != first["eval_returns"]
 
 
+def is_a_state_dict(state):
+    return isinstance(state, dict) and state and all(isinstance(value, torch.Tensor) for value in state.values())
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
     trained, _ = run_script(script, TINY + ["--save-model"], workdir)
@@ -74,11 +79,20 @@ def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
     assert os.path.isfile(checkpoint) and not os.path.exists(checkpoint + ".tmp")
     evaluated, _ = run_script(
         script,
-        ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint],
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint]
+        + ["--save-model"],
         workdir,
     )
     assert evaluated["eval_returns"] == trained["eval_returns"]  # same weights, same evaluation seed
     assert evaluated["num_updates"] == 0 and evaluated["sps"] is None
+    again = os.path.join(evaluated["run_dir"], "model.pt")
+    saved, saved_again = (torch.load(path, weights_only=True) for path in (checkpoint, again))
+    weights = [name for name, state in saved.items() if isinstance(state, torch.Tensor) or is_a_state_dict(state)]
+    assert weights and saved.keys() == saved_again.keys()
+    for name in weights:  # the networks and SAC's log_alpha (a tensor state) came back as they were saved
+        torch.testing.assert_close(saved[name], saved_again[name], rtol=0, atol=0)
+    if script == "sac_continuous_action.py":
+        assert "log_alpha" in weights and math.isclose(saved["log_alpha"].exp().item(), trained["alpha"], rel_tol=1e-6)
     continued, _ = run_script(script, TINY + ["--load-model", checkpoint], workdir)
     assert continued["num_updates"] == 200
     assert continued["eval_returns"] != trained["eval_returns"]
