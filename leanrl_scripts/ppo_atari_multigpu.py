@@ -429,7 +429,7 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // batch_size
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
-    run.start(write=rank == 0)  # the others only note a signal; signal_of_any_process makes it everyone's
+    run.start(write=rank == 0)  # the others write nothing and only note a signal, which stop_if_signalled shares
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
@@ -453,10 +453,8 @@ if __name__ == "__main__":
                 # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
-                for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0] if rank == 0 else ():
-                    run.record_episode(
-                        global_step, episode_returns[env_id], episode_lengths[env_id]
-                    )  # the first's envs
+                for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:  # the first writes its own
+                    run.record_episode(global_step, episode_returns[env_id], episode_lengths[env_id])
                     episode_returns[env_id] = 0.0
                     episode_lengths[env_id] = 0
 
@@ -477,10 +475,7 @@ if __name__ == "__main__":
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
             averaged = mean_over_processes(torch.stack(list(metrics.values())), group)
             metrics = dict(zip(metrics, averaged))
-            if rank == 0:
-                run.log(global_step, metrics, charts=dict(learning_rate=lr_now))
-            elif not averaged.isfinite().all():  # the first process stops on the same numbers, with the line
-                raise Stopped("training diverged", 1, keep_model=False)
+            run.log(global_step, metrics, charts=dict(learning_rate=lr_now))  # every process checks the same numbers
     envs.close()
     if group is not None and run.exit_code() != 1:  # not after a failed collective
         dist.destroy_process_group()

@@ -373,7 +373,8 @@ class Run:
         return checkpoint
 
     def start(self, write=True):
-        """Makes the run folder, TensorBoard's writer, the W&B run and the progress bar (unless not `write`), and
+        """Makes the run folder, TensorBoard's writer, the W&B run and the progress bar (unless not `write`: then
+        record_episode and log write nothing, the processes of a run but its first), and
         starts watching for Ctrl-C and SIGTERM: the first stops the run at the next safe point (stop_if_signalled); a
         second, or one while the run waits in an env call, a compile or W&B's upload that is still going a second
         later, stops it at once."""
@@ -486,6 +487,8 @@ class Run:
     def record_episode(self, step, episode_return, length=None):
         """A finished training episode: TensorBoard's charts and the recent returns of the summary."""
         self.recent_returns.append(float(episode_return))
+        if not self.write:  # a process that writes nothing (start(write=False))
+            return
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         if length is not None:
             self.writer.add_scalar("charts/episodic_length", length, step)
@@ -510,6 +513,8 @@ class Run:
             if not math.isfinite(value):
                 diverged = f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)"
                 raise Stopped(diverged, 1, keep_model=False)
+        if not self.write:  # a process that writes nothing stops on the same check, and logs nothing
+            return
         for kind, scalars in (("losses", values), ("charts", charts or {})):
             for name, value in scalars.items():
                 self.writer.add_scalar(f"{kind}/{name}", value, step)
