@@ -126,7 +126,19 @@ if __name__ == "__main__":
             return real_start(run, *args, **kwargs)
 
         run_bookkeeping.Run.start = start_and_note
-    namespace = runpy.run_path(sys.argv[0], run_name="__main__")
+        real_end = run_bookkeeping.Run.evaluate_and_write
+
+        def end_and_note(run, *args, **kwargs):  # the script's names as it ends: it exits with the code this returns
+            namespace.update(sys.modules["__main__"].__dict__)
+            return real_end(run, *args, **kwargs)
+
+        run_bookkeeping.Run.evaluate_and_write = end_and_note
+    namespace = {}
+    code = 0
+    try:
+        namespace.update(runpy.run_path(sys.argv[0], run_name="__main__"))
+    except SystemExit as exit:
+        code = exit.code
     for view_path, learner_path in pairs:
         view, learner = weights_used(attribute(namespace, view_path)), weights_used(attribute(namespace, learner_path))
         shared = [name for name in view if name in learner]
@@ -134,3 +146,4 @@ if __name__ == "__main__":
         changed = before and any(not torch.equal(learner[name], before[name]) for name in learner)
         equal = bool(shared) and all(torch.equal(view[name], learner[name]) for name in shared)
         log["views"][view_path] = {"equal": equal, "learner_changed": changed, "compared": len(shared)}
+    sys.exit(code)

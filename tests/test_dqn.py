@@ -272,7 +272,9 @@ def test_same_seed_gives_identical_runs(workdir):
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, workdir):
-    _, proc = run_script(script, ["--total-timesteps", 1000] + args, workdir, check=False, timeout=120)
+    _, proc = run_script(
+        script, ["--total-timesteps", 1000, "--learning-starts", 500] + args, workdir, check=False, timeout=120
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
         proc.stderr

@@ -222,7 +222,9 @@ def test_each_update_gets_the_rollout_the_envs_played(script, workdir, monkeypat
     environ = dict(os.environ)
     sys.setprofile(watch)
     try:
-        runpy.run_path(path, run_name="__main__")
+        with pytest.raises(SystemExit) as ended:  # the script exits with the code the run returns
+            runpy.run_path(path, run_name="__main__")
+        assert ended.value.code == 0
     finally:
         sys.setprofile(None)
         torch.set_num_threads(threads)

@@ -124,5 +124,5 @@ def test_track_when_wandb_cannot_start_is_one_error_line_and_exit_code_2(workdir
     for name in [name for name in os.environ if name.startswith("WANDB_")]:
         monkeypatch.delenv(name)
     env = {"HOME": workdir, "WANDB_CONFIG_DIR": workdir, "NETRC": os.path.join(workdir, "no-netrc")}
-    line = the_one_error_line("dqn.py", ["--total-timesteps", 2000, "--track"], workdir, env)
+    line = the_one_error_line("dqn.py", ["--total-timesteps", 20_000, "--track"], workdir, env)
     assert line.startswith("error: --track: W&B did not start (") and "WANDB_MODE=offline" in line, line
