@@ -40,7 +40,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -589,17 +589,6 @@ def first_screen(envs):
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
-def game_video(folder, first_frame, fps):
-    """An mp4 writer for one game's screens. Frames go to ffmpeg as they come, so memory stays flat however long the
-    game (a stalled Atari game lasts 108k frames)."""
-    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-    os.makedirs(folder, exist_ok=True)
-    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
-    writer.write_frame(first_frame)
-    return writer
-
-
 @torch.no_grad()
 def evaluate(q_network, args, device, video_folder=None):
     """Score of the first whole game in each of --eval-episodes envs: greedy on classic control; on Atari the true
@@ -611,7 +600,7 @@ def evaluate(q_network, args, device, video_folder=None):
     obs, _ = envs.reset()
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
     fps = 15 if q_network.pixels else envs.envs[0].metadata.get("render_fps", 30)
-    video = game_video(video_folder, first_screen(envs), fps) if video_folder else None
+    video = game_mp4(video_folder, first_screen(envs), fps) if video_folder else None
     rng = np.random.default_rng(args.seed)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     policy_step = partial(policy, q_network=q_network)

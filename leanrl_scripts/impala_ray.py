@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -673,17 +673,6 @@ def first_screen(envs):
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
-def game_video(folder, first_frame, fps):
-    """An mp4 writer for one game's screens. Frames go to ffmpeg as they come, so memory stays flat however long the
-    game (a stalled Atari game lasts 27k steps)."""
-    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-    os.makedirs(folder, exist_ok=True)
-    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
-    writer.write_frame(first_frame)
-    return writer
-
-
 def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs (the first env's recorded in `video_folder`).
     Flat observations: the greedy action (the policy's mode, as the other scripts evaluate their mean action); Atari:
@@ -694,7 +683,7 @@ def evaluate(agent, args, device, video_folder=None):
     obs, _ = envs.reset()
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
     fps = 15 if agent.pixels else envs.envs[0].metadata.get("render_fps", 30)
-    video = game_video(video_folder, first_screen(envs), fps) if video_folder else None
+    video = game_mp4(video_folder, first_screen(envs), fps) if video_folder else None
     returns = np.zeros(len(obs))
     finished = np.zeros(len(obs), dtype=bool)
     state = agent.initial_state(len(obs), device)

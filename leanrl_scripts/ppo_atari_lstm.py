@@ -34,7 +34,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -303,17 +303,6 @@ def to_device(array, device):
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
-def game_video(folder, first_frame, fps=15):
-    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
-    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 27k steps)."""
-    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-    os.makedirs(folder, exist_ok=True)
-    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
-    writer.write_frame(first_frame)
-    return writer
-
-
 def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs, with sampled actions (a greedy Atari policy
     can stall); with `video_folder`, the first env's game recorded there."""
@@ -322,7 +311,7 @@ def evaluate(agent, args, device, video_folder=None):
     )
     torch.manual_seed(args.seed)  # evaluation does not depend on what training drew
     obs, _ = envs.reset()
-    video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
+    video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
     no_start = torch.zeros(envs.num_envs, device=device)  # each env's first game counts: its state is never reset
     returns = np.zeros(envs.num_envs)

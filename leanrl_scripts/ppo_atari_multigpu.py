@@ -31,7 +31,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, Stopped, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, Stopped, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -305,17 +305,6 @@ def signal_of_any_process(signum, group):
     return int(signum.item())
 
 
-def game_video(folder, first_frame, fps=15):
-    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
-    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 27k steps)."""
-    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-    os.makedirs(folder, exist_ok=True)
-    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
-    writer.write_frame(first_frame)
-    return writer
-
-
 def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs; with `video_folder`, the first env's game
     recorded there. Actions are sampled: a greedy Atari policy can stall (in Breakout, by never firing a new ball)
@@ -325,7 +314,7 @@ def evaluate(agent, args, device, video_folder=None):
     )
     torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
-    video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
+    video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():

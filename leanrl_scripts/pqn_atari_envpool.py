@@ -30,7 +30,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -204,17 +204,6 @@ def epsilon_at(step, args):
     return max(slope * step + args.start_e, args.end_e)
 
 
-def game_video(folder, first_frame, fps=15):
-    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
-    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 27k steps)."""
-    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-    os.makedirs(folder, exist_ok=True)
-    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
-    writer.write_frame(first_frame)
-    return writer
-
-
 def evaluate(q_network, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol:
     a greedy agent can stall (in Breakout, by never firing a new ball) until the time limit. With `video_folder`, the
@@ -225,7 +214,7 @@ def evaluate(q_network, args, device, video_folder=None):
     torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
     epsilon = torch.tensor(0.05, device=device)
     obs, _ = envs.reset()
-    video = game_video(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
+    video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():

@@ -35,7 +35,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
 
 
 @dataclass
@@ -448,17 +448,6 @@ def first_screen(envs):
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
-def game_video(folder, first_frame, fps=15):
-    """An mp4 writer for one game's screens, one per agent step (60 Hz with frame skip 4: 15 fps). Frames go to
-    ffmpeg as they come, so memory stays flat however long the game (a stalled one lasts 108k frames)."""
-    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
-
-    os.makedirs(folder, exist_ok=True)
-    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
-    writer.write_frame(first_frame)
-    return writer
-
-
 def evaluate(q_network, support, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol
     (a greedy agent can stall: in Breakout, by never firing a new ball, until the time limit), with the network's
@@ -468,7 +457,7 @@ def evaluate(q_network, support, args, device, video_folder=None):
         args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
     )
     obs, _ = envs.reset()
-    video = game_video(video_folder, first_screen(envs)) if video_folder else None
+    video = game_mp4(video_folder, first_screen(envs)) if video_folder else None
     rng = np.random.default_rng(args.seed)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     returns = np.zeros(envs.num_envs)

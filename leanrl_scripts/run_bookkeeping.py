@@ -220,6 +220,18 @@ def stop_if_signalled(agree=None):
         raise Stopped(f"stopped by {signal.Signals(signum).name}", 128 + signum)
 
 
+def game_mp4(folder, first_frame, fps=15):
+    """--capture-video's mp4 writer for one evaluation game, its first screen written (15 fps: an Atari game's agent
+    steps, 60 Hz with frame skip 4). Frames go to ffmpeg as they come, so memory stays flat however long the game (a
+    stalled Atari game lasts 108k frames)."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    os.makedirs(folder, exist_ok=True)
+    writer = FFMPEG_VideoWriter(os.path.join(folder, "eval-game-0.mp4"), first_frame.shape[1::-1], fps)
+    writer.write_frame(first_frame)
+    return writer
+
+
 def _write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
     try:
         with open(path + ".tmp", "wb") as f:
