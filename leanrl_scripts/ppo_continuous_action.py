@@ -1,11 +1,8 @@
 """Proximal Policy Optimization (PPO, Schulman et al. 2017) for continuous actions, one file.
 
-Speed: GAE is a log-depth parallel scan (11 elementwise rounds for 2048 steps instead of a 2048-step loop, so
-it compiles in seconds), the rollout lives in preallocated device tensors, the learning rate is a tensor
-annealed in place, and the policy step, GAE and the minibatch update can be wrapped in torch.compile and CUDA
-graphs. Layers this small cost per op, not per FLOP: the parameters share one flat tensor (one for Adam and the
-clipping, not 13), and the env wrappers' statistics skip the moments of a single sample. Cost: the scan does
-T log T work instead of T, nothing next to the update.
+Speed: GAE is a log-depth parallel scan, not a T-step loop, so it compiles in seconds; the rollout lives in device
+tensors, and the policy step, GAE and the update take torch.compile and CUDA graphs. Layers this small cost per op:
+the parameters share one flat tensor. Cost: the scan does T log T work instead of T, nothing next to the update.
     python leanrl_scripts/ppo_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
@@ -61,12 +58,11 @@ class Args(RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    """the target KL: an iteration's epochs stop above it (None: never)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """iterations the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "clip_coef", "max_grad_norm"),
@@ -78,10 +74,8 @@ LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
 
 
 class OneSampleRunningMeanStd(gym.wrappers.utils.RunningMeanStd):
-    """gymnasium's running mean and variance, which its per-env wrappers feed one sample at a time: the mean and the
-    variance of one sample are the sample and 0, so np.mean and np.var are skipped. They took 23 of the 83 us of a
-    HalfCheetah step through CleanRL's wrappers (1.10x the SPS on a 2-core CPU); the statistics are bit for bit the
-    same."""
+    """gymnasium's running mean and variance, fed one sample at a time by its per-env wrappers: one sample's moments
+    are the sample and 0, so the costly np.mean and np.var are skipped. Same statistics bit for bit."""
 
     def update(self, x):
         if len(x) != 1:
@@ -90,8 +84,7 @@ class OneSampleRunningMeanStd(gym.wrappers.utils.RunningMeanStd):
 
 
 def make_env(env_id, gamma, training, video_folder=None):
-    """CleanRL's wrappers. Episode statistics come first, so they see the true rewards; evaluation envs
-    normalize observations with the training statistics and leave rewards alone."""
+    """CleanRL's wrapper stack; evaluation envs (`training=False`) leave rewards unnormalized."""
 
     def thunk():
         env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
@@ -115,9 +108,9 @@ def make_env(env_id, gamma, training, video_folder=None):
 
 
 def make_envs(env_id, num_envs, gamma=0.99, training=True, video_folder=None):
-    if env_id.startswith("dm_control/"):  # DeepMind's control suite through shimmy, as CleanRL runs it
+    if env_id.startswith("dm_control/"):  # through shimmy, as CleanRL runs it
         try:
-            import shimmy  # noqa: F401  (it registers the dm_control/ ids)
+            import shimmy  # noqa: F401  (registers the ids)
         except ModuleNotFoundError:
             fail('dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"')
     try:
@@ -132,13 +125,13 @@ def make_envs(env_id, num_envs, gamma=0.99, training=True, video_folder=None):
             f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry()); "
             "Atari games on envpool run with ppo_atari_envpool.py"
         )
-    except Exception as error:  # an old version, an id moved to another package, any other failure to make it
+    except Exception as error:
         fail(f"{env_id}: {error}")
     return envs
 
 
 def obs_normalizers(envs):
-    """Each env's NormalizeObservation wrapper: its running statistics go into checkpoints and evaluation."""
+    """Each env's NormalizeObservation wrapper."""
     found = []
     for env in envs.envs:
         while not isinstance(env, gym.wrappers.NormalizeObservation):
@@ -148,8 +141,7 @@ def obs_normalizers(envs):
 
 
 class ObsStatistics:
-    """The normalizers' running statistics as a checkpoint holds them: env 0's stand for all (each env keeps its own,
-    and evaluation normalizes with env 0's); loading sets every env's."""
+    """The observation statistics as a checkpoint holds them: env 0's stand for all; loading sets every env's."""
 
     def __init__(self, normalizers):
         self.normalizers = normalizers
@@ -160,7 +152,7 @@ class ObsStatistics:
 
     def load_state_dict(self, state):
         for normalizer in self.normalizers:
-            # the checkpoint was loaded onto the device, where .numpy() fails: back to the host first
+            # loaded onto the device, where .numpy() fails
             normalizer.obs_rms.mean = state["mean"].cpu().numpy()
             normalizer.obs_rms.var = state["var"].cpu().numpy()
             normalizer.obs_rms.count = state["count"]
@@ -198,7 +190,7 @@ class Agent(nn.Module):
         """Gaussian policy written out: torch.distributions checks its arguments with host syncs."""
         mean = self.actor_mean(obs)
         log_std = self.actor_logstd.expand_as(mean)
-        if action is None:  # a sampled action, standardized, is its noise: three ops fewer per step
+        if action is None:  # a sampled action's standardized value is its noise
             standardized = torch.randn_like(mean)
             action = mean + log_std.exp() * standardized
         else:
@@ -209,9 +201,8 @@ class Agent(nn.Module):
 
 
 def flatten_parameters(module):
-    """Makes the module's parameters views into one flat tensor and their gradients views into another, and returns
-    the flat parameter: Adam, the clipping and the zeroing then handle one tensor instead of 13. At these sizes they
-    cost per tensor, not per element: 190 of the update's 670 us on a CPU, 120 flat (1.03-1.04x the SPS)."""
+    """Makes the parameters views into one flat tensor, their gradients into another, and returns the flat parameter:
+    Adam, the clipping and the zeroing, which at these sizes cost per tensor, then handle one."""
     params = list(module.parameters())
     flat = nn.Parameter(torch.cat([param.detach().flatten() for param in params]))
     flat.grad = torch.zeros_like(flat)
@@ -230,9 +221,8 @@ def policy(obs, *, agent):
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
-    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
-    Shapes (T, num_envs); `dones[t]` says obs t started a new episode. Returns advantages and returns."""
+    """GAE A_t = delta_t + c_t A_{t+1}, c_t = gamma lambda (1 - done_{t+1}), as a parallel scan: after the round with
+    offset s, A_t sums the next 2s deltas. Shapes (T, num_envs); `dones[t]` says obs t started an episode."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -246,7 +236,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 
 class Batch(NamedTuple):
-    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    """Rollout tensors flattened over (step, env), or a minibatch of them."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -257,7 +247,7 @@ class Batch(NamedTuple):
 
 
 def ppo_loss(minibatch, *, agent, args):
-    """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
+    """The clipped-surrogate loss of a minibatch and its metrics on the device."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages = minibatch.advantages
     returns = minibatch.returns
@@ -266,7 +256,7 @@ def ppo_loss(minibatch, *, agent, args):
     ratio = logratio.exp()
     with torch.no_grad():
         old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
+        approx_kl = ((ratio - 1) - logratio).mean()  # low-variance estimator of KL(old || new)
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -289,11 +279,9 @@ def ppo_loss(minibatch, *, agent, args):
 
 
 def update(minibatch, *, loss_fn, params, optimizer, max_grad_norm):
-    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
-    backward call, the clipping and the fused Adam step, which dynamo does not trace, run outside it. `params` are
-    those the optimizer steps."""
+    """One step on `loss_fn`, the piece --compile compiles; the clipping and the fused Adam step run eagerly."""
     loss, metrics = loss_fn(minibatch)
-    optimizer.zero_grad(set_to_none=False)  # in place: gradients set to None would leave their flat buffer
+    optimizer.zero_grad(set_to_none=False)  # in place: None would detach them from the flat buffer
     loss.backward()
     metrics["grad_norm"] = nn.utils.clip_grad_norm_(params, max_grad_norm).detach()
     optimizer.step()
@@ -301,8 +289,8 @@ def update(minibatch, *, loss_fn, params, optimizer, max_grad_norm):
 
 
 def evaluate(agent, obs_stats, args, device, video_folder):
-    """Undiscounted return of the first episode in each of --eval-episodes envs, with the mean action; observations
-    are normalized with the training statistics `obs_stats`, frozen."""
+    """Undiscounted return of the first episode in each of --eval-episodes envs, with the mean action and the frozen
+    training statistics `obs_stats`."""
     envs = make_envs(args.env_id, args.eval_episodes, args.gamma, training=False, video_folder=video_folder)
     for normalizer in obs_normalizers(envs):
         normalizer.update_running_mean = False
@@ -333,7 +321,7 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # One CPU thread: layers this small gain at most 1.5x from a second core on an idle 2-core machine
+    # one CPU thread: layers this small gain little from a second (docs/ppo_continuous.md)
     tune_cpu(args.torch_threads, device, threads=1)
 
     envs = make_envs(args.env_id, args.num_envs, args.gamma)
@@ -342,7 +330,7 @@ if __name__ == "__main__":
     act_dim = math.prod(envs.single_action_space.shape)
     agent = Agent(obs_dim, act_dim).to(device)
     flat_params = flatten_parameters(agent)
-    # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    # a tensor learning rate, filled in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     states = {"agent": agent, "optimizer": optimizer, "obs_statistics": ObsStatistics(normalizers)}
@@ -351,8 +339,7 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # compile the functions, then bind their keywords: each keeps its own graph cache (compiled partials share one)
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
@@ -360,7 +347,7 @@ if __name__ == "__main__":
     update_step = partial(
         update, loss_fn=loss_step, params=[flat_params], optimizer=optimizer, max_grad_norm=args.max_grad_norm
     )
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # warm-up calls compile and create Adam's state
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
 
@@ -370,7 +357,7 @@ if __name__ == "__main__":
     metrics = {}
     num_updates = 0
     global_step = 0
-    for normalizer in normalizers:  # a checkpoint's statistics are not moved by the reset observation
+    for normalizer in normalizers:  # the reset must not move a loaded checkpoint's statistics
         normalizer.update_running_mean = not loaded
     next_obs_np, _ = envs.reset(seed=args.seed)
     for normalizer in normalizers:
@@ -389,13 +376,13 @@ if __name__ == "__main__":
                 stop_if_signalled()
                 obs[step] = next_obs
                 dones[step] = next_done
-                # obs[step], not next_obs: a slice of the step's data whose strides differ from the first reset's
+                # obs[step], not next_obs, whose strides differ after the first reset: one layout for the graphs
                 actions[step], logprobs[step], values[step] = policy_step(obs[step])
                 next_obs_np, reward, terminations, truncations, infos = run.timed_env_call(
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += args.num_envs
-                # one host-to-device copy for observations, rewards and dones together
+                # one host-to-device copy for observations, rewards and dones
                 step_data = np.concatenate([next_obs_np, reward[:, None], (terminations | truncations)[:, None]], 1)
                 step_data = torch.from_numpy(step_data).to(device, torch.float32)
                 next_obs, rewards[step], next_done = (
@@ -416,15 +403,15 @@ if __name__ == "__main__":
                     num_updates += 1
                 if args.target_kl is not None and minibatch_metrics[-1]["approx_kl"].item() > args.target_kl:
                     break  # one sync per epoch
-            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            # means over minibatches, read in the log's one sync
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
+            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now))
     run.end_training(global_step, metrics)
     envs.close()
 
-    obs_stats = normalizers[0].obs_rms  # env 0's statistics stand for all (each env keeps its own)
+    obs_stats = normalizers[0].obs_rms
     evaluation = partial(evaluate, agent_view, obs_stats, args, device, run.video_folder)
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
     sys.exit(run.evaluate_and_write(evaluation, summary))

@@ -1,10 +1,8 @@
-"""Parallelised Q-Network (PQN, Gallici et al. 2024) for discrete-action classic control, one file: Q-learning from
-parallel envs on Q(lambda) returns, with LayerNorm in the network and no replay memory or target network.
+"""Parallelised Q-Network (PQN, Gallici et al. 2024) for classic control, one file: Q(lambda) learning from parallel
+envs with LayerNorm, no replay memory or target network.
 
-Speed: the rollout lives in preallocated device tensors fed through one pinned buffer, the epsilon-greedy step draws
-its coins on the device (no host branch), the Q(lambda) returns are a log-depth scan, and the action step, the
-returns and the loss take torch.compile and CUDA graphs. Cost: without a replay memory every transition trains
-update_epochs times and is dropped. pqn_atari_envpool.py is the same algorithm on Atari.
+Speed: device-side rollout and epsilon-greedy, a log-depth scan for the returns, torch.compile and CUDA graphs.
+Cost: each transition trains update_epochs times, then is dropped.
     python leanrl_scripts/pqn.py --env-id CartPole-v1 --compile
 """
 
@@ -28,21 +26,21 @@ from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_
 @dataclass
 class Args(RunArgs):
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (discrete actions, flat observations)"""
+    """the id of the environment (discrete actions, flat observations)"""
     total_timesteps: int = 500_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total env steps, all envs together (0 with --load-model: only evaluate)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 4
     """the number of parallel environments"""
     num_steps: int = 128
-    """the number of steps to run in each environment per rollout"""
+    """the number of steps per env per rollout"""
     num_minibatches: int = 4
     """the number of mini-batches"""
     update_epochs: int = 4
-    """the K epochs to update the Q-network on each rollout"""
+    """the K epochs to update the Q-network"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run"""
+    """anneal the learning rate linearly to 0"""
     gamma: float = 0.99
     """the discount factor gamma"""
     start_e: float = 1.0
@@ -50,16 +48,15 @@ class Args(RunArgs):
     end_e: float = 0.05
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` it takes from start_e to end_e"""
+    """the fraction of `total_timesteps` from start_e to end_e"""
     max_grad_norm: float = 10.0
-    """the maximum norm for the global gradient clipping"""
+    """the maximum global norm of the gradients"""
     q_lambda: float = 0.65
-    """the lambda of the Q(lambda) returns (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
+    """the lambda of the Q(lambda) returns (0: one-step, 1: Monte Carlo)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """warm-up iterations the speed figure leaves out"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "max_grad_norm", "exploration_fraction"),
@@ -69,9 +66,7 @@ RANGES = Ranges(
 
 
 def make_envs(env_id, num_envs, seed=0, video_folder=None):
-    """Vector env whose step returns the reset observation where an episode ended (gymnasium 0.29's behaviour, for
-    which CleanRL's script was written), and each finished episode's return and length; with `video_folder`, the
-    first env's first episode is recorded there."""
+    """Vector env that resets within the step an episode ends, as CleanRL's script expects."""
 
     def make_env(record):
         env = gym.make(env_id, render_mode="rgb_array" if record else None)
@@ -84,7 +79,7 @@ def make_envs(env_id, num_envs, seed=0, video_folder=None):
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except Exception as error:  # any other failure to make it (a missing package, an old version): say what it was
+    except Exception as error:
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {envs.single_action_space}: PQN needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -100,8 +95,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class QNetwork(nn.Module):
-    """CleanRL's DQN network with a LayerNorm after each hidden layer: PQN's replacement for the target network, the
-    normalisation keeps the TD updates from diverging (the paper's analysis) without a lagging copy."""
+    """CleanRL's DQN network with LayerNorms, which keep TD learning stable without a target network."""
 
     def __init__(self, obs_dim, num_actions):
         super().__init__()
@@ -120,9 +114,7 @@ class QNetwork(nn.Module):
 
 
 def policy(obs, epsilon, *, q_network):
-    """Epsilon-greedy actions and the greedy values max_a Q(obs, a), the Q(lambda) returns' bootstrap. The coins and
-    the random actions are drawn on the device: no host branch, so the step is one graph. `q_network` is a detached
-    view of the learner; `epsilon` a 0-d tensor the loop fills."""
+    """Epsilon-greedy actions and greedy values; device-side coins keep it one graph."""
     q_values = q_network(obs)
     values, greedy = q_values.max(-1)
     explore = torch.rand(greedy.shape, device=obs.device) < epsilon
@@ -131,14 +123,12 @@ def policy(obs, epsilon, *, q_network):
 
 
 def q_lambda_returns(rewards, values, dones, next_value, next_done, *, gamma, q_lambda):
-    """Peng's Q(lambda) returns R_t = r_t + gamma c_{t+1} (lambda R_{t+1} + (1 - lambda) V_{t+1}), with V the greedy
-    values, c_{t+1} = 1 - done_{t+1} and R_T = V_T, as a parallel scan of R_t = b_t + a_t R_{t+1}: after the round
-    with offset s, R_t holds the next 2s terms, so log2(T) rounds cover the rollout. Shapes (T, num_envs);
-    `dones[t]` says the step into obs t ended an episode."""
+    """Peng's Q(lambda) returns: CleanRL's reverse loop as a log-depth parallel scan. Shapes (T, num_envs);
+    `dones[t]`: the step into obs t ended an episode."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     returns = rewards + gamma * next_nonterminal * (1 - q_lambda) * next_values
-    returns[-1] += gamma * next_nonterminal[-1] * q_lambda * next_value  # R_T = V_T: the last step bootstraps fully
+    returns[-1] += gamma * next_nonterminal[-1] * q_lambda * next_value  # R_T = V_T
     coeffs = gamma * q_lambda * next_nonterminal
     offset = 1
     while offset < len(returns):
@@ -149,7 +139,7 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, *, gamma, q_
 
 
 class Batch(NamedTuple):
-    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    """Rollout tensors flattened over (step, env)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -157,15 +147,14 @@ class Batch(NamedTuple):
 
 
 def td_loss(minibatch, *, q_network):
-    """The squared error of Q(obs, action) against the Q(lambda) returns, and its metrics on the device."""
+    """The TD loss and its metrics on the device."""
     old_val = q_network(minibatch.obs).gather(1, minibatch.actions[:, None]).squeeze(1)
     loss = F.mse_loss(minibatch.returns, old_val)
     return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
 
 
 def update(minibatch, *, loss_fn, q_network, optimizer, max_grad_norm):
-    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
-    backward call, the clipping and the RAdam step, which dynamo does not trace, run outside it."""
+    """One step on `loss_fn` (compiled); the clipping and RAdam's step run eagerly."""
     loss, metrics = loss_fn(minibatch)
     optimizer.zero_grad()
     loss.backward()
@@ -175,7 +164,7 @@ def update(minibatch, *, loss_fn, q_network, optimizer, max_grad_norm):
 
 
 def epsilon_at(step, args):
-    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    """The linear epsilon schedule, then end_e."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
     return max(slope * step + args.start_e, args.end_e)
 
@@ -208,24 +197,22 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # One CPU thread: a 120-84 MLP gains nothing from intra-op threads (waking them costs more than the math)
+    # one CPU thread: waking intra-op threads costs more than this MLP's math
     tune_cpu(args.torch_threads, device, threads=1)
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     obs_dim = envs.single_observation_space.shape[0]
     num_actions = int(envs.single_action_space.n)
     q_network = QNetwork(obs_dim, num_actions).to(device)
-    # RAdam, as the paper's code: its warm-up of the adaptive step stands in for a learning-rate warm-up. A tensor
-    # learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    # a tensor learning rate, filled in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.RAdam(q_network.parameters(), lr=learning_rate, capturable=run.cudagraphs)
     run.save_and_load({"q_network": q_network, "optimizer": optimizer}, obs_dim=obs_dim, num_actions=num_actions)
-    q_view = QNetwork(obs_dim, num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    q_view = QNetwork(obs_dim, num_actions).to("meta")  # a detached view of the learner's weights
     from_module(q_network).data.to_module(q_view)
     q_view.requires_grad_(False)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # compile before binding keywords: compiled partials would share one graph cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     returns_step = partial(maybe_compile(q_lambda_returns), gamma=args.gamma, q_lambda=args.q_lambda)
@@ -233,7 +220,7 @@ if __name__ == "__main__":
     update_step = partial(
         update, loss_fn=loss_step, q_network=q_network, optimizer=optimizer, max_grad_norm=args.max_grad_norm
     )
-    if run.cudagraphs:  # the first calls compile and initialise RAdam's state, then the graphs are captured
+    if run.cudagraphs:  # warm-up calls compile and create RAdam's state
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, returns_step, update_step = map(graphed, (policy_step, returns_step, update_step))
 
@@ -241,9 +228,8 @@ if __name__ == "__main__":
     obs = torch.zeros((T, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((T, args.num_envs), dtype=torch.long, device=device)
     rewards, dones, values = (torch.zeros((T, args.num_envs), device=device) for _ in range(3))
-    epsilon = torch.tensor(args.start_e, device=device)  # filled each step: the graphed policy reads it in place
-    # A step's observations, rewards and dones reach the device in one non-blocking copy through one pinned buffer.
-    # Reusing it is safe: the copy precedes the policy step on the stream, and the host waits for the actions.
+    epsilon = torch.tensor(args.start_e, device=device)  # the graphed policy reads it in place
+    # reusing the pinned buffer is safe: the host waits for the actions that follow each copy
     staging = torch.zeros((args.num_envs, obs_dim + 2), pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
 
@@ -277,8 +263,7 @@ if __name__ == "__main__":
                 next_obs, rewards[step], next_done = step_data[:, :obs_dim], step_data[:, -2], step_data[:, -1]
                 run.record_gymnasium_episodes(global_step, infos)
 
-            # As CleanRL's: next_obs bootstraps the returns with its greedy value now, and the next rollout's first
-            # step acts on it with the updated weights. The value comes from the policy step (its action dropped).
+            # next_obs's greedy value bootstraps, as CleanRL's
             next_value = policy_step(next_obs, epsilon)[1]
             returns = returns_step(rewards, values, dones, next_value, next_done)
             batch = Batch(obs.flatten(0, 1), actions.flatten(0, 1), returns.flatten(0, 1))
@@ -289,7 +274,7 @@ if __name__ == "__main__":
                     indices = order[start : start + minibatch_size]
                     minibatch_metrics.append(update_step(Batch._make(t[indices] for t in batch)))
                     num_updates += 1
-            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            # means over minibatches, read in the log's one sync
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now, epsilon=epsilon_at(global_step, args)))
     run.end_training(global_step, metrics)

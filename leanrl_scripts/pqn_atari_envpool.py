@@ -1,10 +1,8 @@
-"""Parallelised Q-Network (PQN, Gallici et al. 2024) on Atari with envpool, one file: Q-learning from many envs on
-Q(lambda) returns, with LayerNorm in the network and no replay memory or target network.
+"""Parallelised Q-Network (PQN, Gallici et al. 2024) on Atari with envpool, one file: Q(lambda) learning without
+replay memory or target network.
 
-Speed: the rollout is PPO Atari's (preallocated device tensors, frames through one pinned buffer, convolutions
-channels-last), the epsilon-greedy step draws its coins on the device (no host branch), the Q(lambda) returns are a
-log-depth scan, and the action step, the returns and the loss take torch.compile and CUDA graphs. Cost: without a
-replay memory every transition trains update_epochs times and is dropped; more envs are the way to more data.
+Speed: pqn.py's tricks with PPO Atari's rollout: byte frames through one pinned buffer, channels-last convolutions
+and LayerNorms. Cost: each transition trains update_epochs times, then is dropped.
     python leanrl_scripts/pqn_atari_envpool.py --env-id Breakout-v5 --compile --cudagraphs
 """
 
@@ -14,13 +12,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
-# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# before torch loads OpenMP: idle threads sleep, leaving the cores to envpool
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import envpool
-except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+except ModuleNotFoundError:  # --help works without it
     envpool = None
 import numpy as np
 import torch
@@ -38,36 +35,35 @@ class Args(RunArgs):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total env steps (0 with --load-model: only evaluate)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
-    """the number of steps to run in each environment per rollout"""
+    """the number of steps per env per rollout"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run"""
+    """anneal the learning rate linearly to 0"""
     gamma: float = 0.99
     """the discount factor gamma"""
     num_minibatches: int = 4
     """the number of mini-batches"""
     update_epochs: int = 4
-    """the K epochs to update the Q-network on each rollout"""
+    """the K epochs to update the Q-network"""
     max_grad_norm: float = 10.0
-    """the maximum norm for the global gradient clipping"""
+    """the maximum global norm of the gradients"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.01
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.10
-    """the fraction of `total_timesteps` it takes from start_e to end_e"""
+    """the fraction of `total_timesteps` from start_e to end_e"""
     q_lambda: float = 0.65
-    """the lambda of the Q(lambda) returns (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
+    """the lambda of the Q(lambda) returns (0: one-step, 1: Monte Carlo)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """warm-up iterations the speed figure leaves out"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "max_grad_norm", "exploration_fraction"),
@@ -77,9 +73,8 @@ RANGES = Ranges(
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
-    """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
-    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score. One worker
-    thread per env, up to the usable cores: envpool's default counts every core of the host, quota or not."""
+    """envpool's Atari envs (training ones: a lost life ends the episode, rewards clipped); one worker per env up to
+    the usable cores, not the host's."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -103,11 +98,8 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class ChannelsLastLayerNorm(nn.LayerNorm):
-    """nn.LayerNorm over (C, H, W) computed on the channels-last layout: the statistics over a frame's elements are
-    the same in any order, so the normalisation runs on the (N, H, W, C) view with the affine weights permuted. The
-    stock module reorders a channels-last input to NCHW and the next convolution reorders it back; on a CPU, CleanRL's
-    network (stock LayerNorms, contiguous layout) ran the update 1.27x slower (benchmarks/pqn_pieces.py). The weights
-    keep nn.LayerNorm's (C, H, W) shape and checkpoint names."""
+    """nn.LayerNorm over (C, H, W), computed on the channels-last view with permuted weights: the stock module
+    reorders to NCHW and the next convolution back."""
 
     def forward(self, x):
         nhwc = x.permute(0, 2, 3, 1)
@@ -116,8 +108,7 @@ class ChannelsLastLayerNorm(nn.LayerNorm):
 
 
 class QNetwork(nn.Module):
-    """The Nature DQN network with a LayerNorm after every hidden layer: PQN's replacement for the target network,
-    the normalisation keeps the TD updates from diverging (the paper's analysis) without a lagging copy."""
+    """The Nature DQN network with LayerNorms, PQN's stand-in for a target network."""
 
     def __init__(self, num_actions):
         super().__init__()
@@ -139,14 +130,12 @@ class QNetwork(nn.Module):
         ).to(memory_format=torch.channels_last)
 
     def forward(self, obs):
-        # Channels-last on uint8 costs 4x less than on floats; a no-op for the rollout storage, kept that way.
+        # channels-last on bytes, before the division
         return self.network(obs.contiguous(memory_format=torch.channels_last) / 255.0)
 
 
 def policy(obs, epsilon, *, q_network):
-    """Epsilon-greedy actions and the greedy values max_a Q(obs, a), the Q(lambda) returns' bootstrap. The coins and
-    the random actions are drawn on the device: no host branch, so the step is one graph. `q_network` is a detached
-    view of the learner; `epsilon` a 0-d tensor the loop fills."""
+    """Epsilon-greedy actions and greedy values; device-side coins keep it one graph."""
     q_values = q_network(obs)
     values, greedy = q_values.max(-1)
     explore = torch.rand(greedy.shape, device=obs.device) < epsilon
@@ -155,14 +144,12 @@ def policy(obs, epsilon, *, q_network):
 
 
 def q_lambda_returns(rewards, values, dones, next_value, next_done, *, gamma, q_lambda):
-    """Peng's Q(lambda) returns R_t = r_t + gamma c_{t+1} (lambda R_{t+1} + (1 - lambda) V_{t+1}), with V the greedy
-    values, c_{t+1} = 1 - done_{t+1} and R_T = V_T, as a parallel scan of R_t = b_t + a_t R_{t+1}: after the round
-    with offset s, R_t holds the next 2s terms, so log2(T) rounds cover the rollout. Shapes (T, num_envs);
-    `dones[t]` says the step into obs t ended an episode."""
+    """Peng's Q(lambda) returns: CleanRL's reverse loop as a log-depth parallel scan. Shapes (T, num_envs);
+    `dones[t]`: the step into obs t ended an episode."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     returns = rewards + gamma * next_nonterminal * (1 - q_lambda) * next_values
-    returns[-1] += gamma * next_nonterminal[-1] * q_lambda * next_value  # R_T = V_T: the last step bootstraps fully
+    returns[-1] += gamma * next_nonterminal[-1] * q_lambda * next_value  # R_T = V_T
     coeffs = gamma * q_lambda * next_nonterminal
     offset = 1
     while offset < len(returns):
@@ -173,7 +160,7 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, *, gamma, q_
 
 
 class Batch(NamedTuple):
-    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    """Rollout tensors flattened over (step, env)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -181,15 +168,14 @@ class Batch(NamedTuple):
 
 
 def td_loss(minibatch, *, q_network):
-    """The squared error of Q(obs, action) against the Q(lambda) returns, and its metrics on the device."""
+    """The TD loss and its metrics on the device."""
     old_val = q_network(minibatch.obs).gather(1, minibatch.actions[:, None]).squeeze(1)
     loss = F.mse_loss(minibatch.returns, old_val)
     return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
 
 
 def update(minibatch, *, loss_fn, q_network, optimizer, max_grad_norm):
-    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
-    backward call, the clipping and the RAdam step, which dynamo does not trace, run outside it."""
+    """One step on `loss_fn` (compiled); the clipping and RAdam's step run eagerly."""
     loss, metrics = loss_fn(minibatch)
     optimizer.zero_grad()
     loss.backward()
@@ -199,19 +185,17 @@ def update(minibatch, *, loss_fn, q_network, optimizer, max_grad_norm):
 
 
 def epsilon_at(step, args):
-    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    """The linear epsilon schedule, then end_e."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
     return max(slope * step + args.start_e, args.end_e)
 
 
 def evaluate(q_network, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol:
-    a greedy agent can stall (in Breakout, by never firing a new ball) until the time limit. With `video_folder`, the
-    first env's game is recorded there."""
+    """True score of the first game in each of --eval-episodes envs at epsilon 0.05 (a greedy agent can stall)."""
     envs = make_envs(
         args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
     )
-    torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
+    torch.manual_seed(args.seed)  # a checkpoint scores as its run reported
     epsilon = torch.tensor(0.05, device=device)
     obs, _ = envs.reset()
     video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
@@ -234,7 +218,7 @@ def evaluate(q_network, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # accept CleanRL's ids
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
     run = Run(args, RANGES)
@@ -246,23 +230,21 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    # every usable core: envs and network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
 
     envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
     num_actions = int(envs.action_space.n)
     q_network = QNetwork(num_actions).to(device)
-    # RAdam, as the paper's code: its warm-up of the adaptive step stands in for a learning-rate warm-up. A tensor
-    # learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    # a tensor learning rate, filled in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.RAdam(q_network.parameters(), lr=learning_rate, capturable=run.cudagraphs)
     run.save_and_load({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions)
-    q_view = QNetwork(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    q_view = QNetwork(num_actions).to("meta")  # a detached view of the learner's weights
     from_module(q_network).data.to_module(q_view)
     q_view.requires_grad_(False)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # compile before binding keywords: compiled partials would share one graph cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     returns_step = partial(maybe_compile(q_lambda_returns), gamma=args.gamma, q_lambda=args.q_lambda)
@@ -270,28 +252,26 @@ if __name__ == "__main__":
     update_step = partial(
         update, loss_fn=loss_step, q_network=q_network, optimizer=optimizer, max_grad_norm=args.max_grad_norm
     )
-    if run.cudagraphs:  # the first calls compile and initialise RAdam's state, then the graphs are captured
+    if run.cudagraphs:  # warm-up calls compile and create RAdam's state
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, returns_step, update_step = map(graphed, (policy_step, returns_step, update_step))
 
     T = args.num_steps
     frame_shape = envs.observation_space.shape
-    # (T, num_envs) frames stored channels-last, as the policy and the update read them: no conversion per minibatch
+    # stored channels-last, as the network reads them
     obs = torch.empty(
         (T * args.num_envs, *frame_shape), dtype=torch.uint8, device=device, memory_format=torch.channels_last
     )
     obs = obs.view(T, args.num_envs, *frame_shape)
     actions = torch.zeros((T, args.num_envs), dtype=torch.long, device=device)
     rewards, dones, values = (torch.zeros((T, args.num_envs), device=device) for _ in range(3))
-    epsilon = torch.tensor(args.start_e, device=device)  # filled each step: the graphed policy reads it in place
-    # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
-    # the copy precedes the policy step on the stream, and the host waits for the actions before the next step.
+    epsilon = torch.tensor(args.start_e, device=device)  # the graphed policy reads it in place
+    # reusing the pinned buffer is safe: the host waits for the actions that follow each copy
     staging = torch.empty((args.num_envs, *frame_shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
 
     def to_device(next_obs_np):
-        """The envs' observations on the device, channels-last once for the storage and the policy."""
-        np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
+        np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool
         return staging.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
 
     episode_returns = np.zeros(args.num_envs)
@@ -318,13 +298,12 @@ if __name__ == "__main__":
                 actions[step], values[step] = policy_step(next_obs, epsilon)
                 step_result = run.timed_env_call(envs.step, actions[step].cpu().numpy())
                 next_obs_np, reward, terminations, truncations, infos = step_result
-                # one small host-to-device copy for the rewards and dones together
                 step_data = np.stack([reward, terminations | truncations]).astype(np.float32)
                 step_data = torch.from_numpy(step_data).to(device, non_blocking=True)
                 rewards[step] = step_data[0]
                 next_done = step_data[1]
                 next_obs = to_device(next_obs_np)
-                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                # the true score: unclipped rewards, games not lives
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
@@ -332,8 +311,7 @@ if __name__ == "__main__":
                     episode_returns[env_id] = 0.0
                     episode_lengths[env_id] = 0
 
-            # As CleanRL's: next_obs bootstraps the returns with its greedy value now, and the next rollout's first
-            # step acts on it with the updated weights. The value comes from the policy step (its action dropped).
+            # next_obs's greedy value bootstraps, as CleanRL's
             next_value = policy_step(next_obs, epsilon)[1]
             returns = returns_step(rewards, values, dones, next_value, next_done)
             batch = Batch(obs.flatten(0, 1), actions.flatten(0, 1), returns.flatten(0, 1))
@@ -344,7 +322,7 @@ if __name__ == "__main__":
                     indices = order[start : start + minibatch_size]
                     minibatch_metrics.append(update_step(Batch._make(t[indices] for t in batch)))
                     num_updates += 1
-            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            # means over minibatches, read in the log's one sync
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             recent = run.recent_return()  # CleanRL's last 20 games
             charts = dict(learning_rate=lr_now, epsilon=epsilon_at(global_step, args), avg_episodic_return=recent)
