@@ -1,8 +1,7 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) for continuous actions, one file.
 
-Speed: the twin critics are one ensemble over stacked weights (one batched matmul per layer), the replay
-buffer is one preallocated device tensor, and the update, the policy step and the actor step can be
-wrapped in torch.compile and CUDA graphs. Cost: plain tensors in and out of the pieces, no TensorDicts.
+Speed: the twin critics are one ensemble over stacked weights (one batched matmul per layer), the replay buffer is
+one device tensor, and the pieces take torch.compile and CUDA graphs. Cost: plain tensors in and out, no TensorDicts.
     python leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
@@ -28,7 +27,7 @@ class Args(RunArgs):
     env_id: str = "HalfCheetah-v5"
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 1_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     num_envs: int = 1
     """the number of parallel environments"""
     buffer_size: int = 1_000_000
@@ -46,18 +45,17 @@ class Args(RunArgs):
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the policy is trained every `policy_frequency` updates, that many times (delayed, as in TD3)"""
+    """the policy is trained every `policy_frequency` updates, that many times"""
     target_network_frequency: int = 1
-    """the target critics are updated every `target_network_frequency` updates"""
+    """the frequency of updates to the target critics"""
     alpha: float = 0.2
-    """entropy regularization coefficient with --no-autotune (autotuned, it starts at 1.0)"""
+    """the entropy coefficient with --no-autotune"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
     measure_burnin: int = 50
-    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "batch_size", "buffer_size", "policy_frequency", "target_network_frequency"),
     rates=("policy_lr", "q_lr", "alpha", "tau"),
@@ -66,7 +64,7 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
+LOG_EVERY = 100  # iterations between metric reads (a host sync each)
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
 
@@ -74,7 +72,7 @@ LOG_STD_MAX = 2.0
 def make_env(env_id, video_folder=None):
     def thunk():
         env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
-        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations, as one vector
+        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations
             env = gym.wrappers.FlattenObservation(env)
         if video_folder:
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
@@ -84,11 +82,10 @@ def make_env(env_id, video_folder=None):
 
 
 def make_envs(env_id, num_envs, video_folder=None):
-    """Vector env whose step returns the reset observation and the true final one (info["final_obs"]), and each
-    finished episode's return and length."""
-    if env_id.startswith("dm_control/"):  # DeepMind's control suite through shimmy, as CleanRL runs it
+    """A vector env that records episodes; a step that ends one returns the reset observation, the final in infos."""
+    if env_id.startswith("dm_control/"):  # through shimmy, as CleanRL runs it
         try:
-            import shimmy  # noqa: F401  (it registers the dm_control/ ids)
+            import shimmy  # noqa: F401  (registers the ids)
         except ModuleNotFoundError:
             fail('dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"')
     try:
@@ -100,7 +97,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except Exception as error:  # an old version, an id moved to another package, any other failure to make it
+    except Exception as error:
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has {envs.single_action_space}: this script needs continuous (Box) actions")
@@ -110,8 +107,7 @@ def make_envs(env_id, num_envs, video_folder=None):
 
 
 def true_next_obs(next_obs, infos):
-    """The observations the step led to. For an env whose episode just ended, `next_obs` already holds the
-    reset observation and the vector env puts the final one in infos: truncated episodes bootstrap from it."""
+    """The observations the step led to: the final one where an episode ended (a truncated one bootstraps from it)."""
     if "final_obs" not in infos:
         return next_obs
     ended = infos["_final_obs"]
@@ -141,8 +137,8 @@ class Actor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(hidden)) + 1)
         noise = torch.randn_like(mean)
         pre_tanh = mean + log_std.exp() * noise
-        # Gaussian log-density minus log|d action / d pre_tanh|; log(1 - tanh(u)^2) in its stable form
-        # 2 (log 2 - u - softplus(-2u)) needs no epsilon and no torch.distributions argument checks (host syncs).
+        # log(1 - tanh(u)^2) as 2 (log 2 - u - softplus(-2u)): stable without an epsilon, and no torch.distributions
+        # argument checks (host syncs)
         log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
         log_prob = log_prob - 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh)) - self.action_scale.log()
         action = torch.tanh(pre_tanh) * self.action_scale + self.action_bias
@@ -150,8 +146,8 @@ class Actor(nn.Module):
 
 
 class QEnsemble(nn.Module):
-    """`num_q` critics Q(s, a) with their weights stacked on a leading dim: every layer is one batched
-    matmul for all critics (what torch.vmap over the nets computes, without vmap's compile cost on CPU)."""
+    """`num_q` critics Q(s, a), their weights stacked: each layer is one batched matmul for all (torch.vmap's result,
+    without its compile cost on a CPU)."""
 
     def __init__(self, obs_dim, act_dim, num_q=2, hidden=256):
         super().__init__()
@@ -169,8 +165,8 @@ class QEnsemble(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows [obs | action | reward | next_obs | termination] of one preallocated device
-    tensor: adding a step is one host-to-device copy, sampling a batch is one gather."""
+    """Transitions as rows [obs | action | reward | next_obs | termination] of one device tensor: a step is one
+    copy in, a batch one gather."""
 
     def __init__(self, size, obs_dim, act_dim, num_envs, device):
         self.columns = [obs_dim, act_dim, 1, obs_dim, 1]
@@ -187,23 +183,23 @@ class ReplayBuffer:
         self.count = min(self.count + len(step), self.size)
 
     def sample(self, batch_size):
-        """obs, actions, rewards, next_obs, terminations: rewards and terminations of shape (batch,)."""
+        """obs, actions, rewards, next_obs, terminations."""
         batch = self.rows[torch.randint(0, self.count, (batch_size,), device=self.rows.device)]
         obs, actions, rewards, next_obs, terminations = batch.split(self.columns, dim=1)
         return obs, actions, rewards.squeeze(1), next_obs, terminations.squeeze(1)
 
 
 def policy(obs, *, actor):
-    """Sampled actions for acting; `actor` is a detached view of the learner, so no graph is recorded."""
+    """Sampled actions; `actor` is a detached view of the learner: no graph is recorded."""
     return actor(obs)[0]
 
 
 def critic_loss(obs, actions, rewards, next_obs, terminations, *, actor, qnet, target_qnet, alpha, gamma):
-    """The critics' TD loss (summed over critics, as two separate losses) and CleanRL's metrics on the device."""
+    """The critics' TD loss, summed over critics, and CleanRL's metrics."""
     with torch.no_grad():
         next_actions, next_log_prob, _ = actor(next_obs)
         next_q = target_qnet(next_obs, next_actions).min(0).values - alpha * next_log_prob
-        q_target = rewards + gamma * (1 - terminations) * next_q  # a terminal step does not bootstrap
+        q_target = rewards + gamma * (1 - terminations) * next_q
     q_values = qnet(obs, actions)
     q_losses = (q_values - q_target).pow(2).mean(1)
     losses = q_losses.detach()
@@ -213,8 +209,7 @@ def critic_loss(obs, actions, rewards, next_obs, terminations, *, actor, qnet, t
 
 
 def actor_loss(obs, *, actor, qnet_view, alpha, log_alpha, target_entropy):
-    """The actor's loss and, autotuned, alpha's (their sum: no parameter is in both); `qnet_view` reads the critics'
-    weights detached, so no weight gradients are computed for them here."""
+    """The actor's loss plus, autotuned, alpha's (no parameter is in both); `qnet_view` reads the critics detached."""
     actions, log_prob, _ = actor(obs)
     loss = (alpha * log_prob - qnet_view(obs, actions).min(0).values).mean()
     metrics = {"actor_loss": loss.detach()}
@@ -226,9 +221,8 @@ def actor_loss(obs, *, actor, qnet_view, alpha, log_alpha, target_entropy):
 
 
 def update(*batch, loss_fn, optimizers, alpha=None, log_alpha=None):
-    """One gradient step of every optimizer on `loss_fn` (the piece --compile compiles: its forward and backward are
-    one graph each; the backward call and the fused Adam steps, a graph break each, run outside it). With `alpha`,
-    the entropy coefficient follows the stepped log_alpha, in place."""
+    """One gradient step of every optimizer on `loss_fn` (the compiled piece; backward and Adam run outside it). With
+    `alpha`, the entropy coefficient follows the stepped log_alpha, in place."""
     loss, metrics = loss_fn(*batch)
     for optimizer in optimizers:
         optimizer.zero_grad()
@@ -241,13 +235,13 @@ def update(*batch, loss_fn, optimizers, alpha=None, log_alpha=None):
 
 
 def detached_view(module, like):
-    """`like` (built on the meta device) reads `module`'s weights, shared and without grad: no copies."""
+    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
     from_module(module).data.to_module(like)
     return like.requires_grad_(False)
 
 
 def evaluate(actor, args, device, video_folder):
-    """Undiscounted return of the first episode in each of --eval-episodes envs, with the deterministic action."""
+    """The return of one episode in each of --eval-episodes envs, with the deterministic action."""
     envs = make_envs(args.env_id, args.eval_episodes, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns = np.zeros(envs.num_envs)
@@ -269,7 +263,7 @@ if __name__ == "__main__":
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
-    # the cores idle at start: a second thread pays these 256-wide layers on an idle machine, not beside busy ones
+    # the cores idle at start: a second thread pays on an idle machine, not beside busy processes
     tune_cpu(args.torch_threads, device, threads="idle")
 
     envs = make_envs(args.env_id, args.num_envs)
@@ -282,7 +276,7 @@ if __name__ == "__main__":
     qnet = QEnsemble(obs_dim, act_dim).to(device)
     target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
     target_qnet.load_state_dict(qnet.state_dict())
-    # autotuned, alpha starts at 1.0, as in CleanRL's, LeanRL's and SB3's SAC
+    # autotuned, alpha starts at 1.0, as in CleanRL's and SB3's SAC
     log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
     target_params = from_module(target_qnet)
     online_params = from_module(qnet).data
@@ -292,7 +286,7 @@ if __name__ == "__main__":
     adam = partial(torch.optim.Adam, fused=True, capturable=run.cudagraphs)
     q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.q_lr, device=device))
     actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.policy_lr, device=device))
-    # alpha's optimizer steps only when autotuned; every checkpoint holds it, so a run continues either way
+    # alpha's optimizer steps only when autotuned; checkpoints hold it either way
     alpha_optimizer = adam([log_alpha], lr=torch.tensor(args.q_lr, device=device))
     states = dict(actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer)
     states.update(actor_optimizer=actor_optimizer, alpha_optimizer=alpha_optimizer, log_alpha=log_alpha)
@@ -301,8 +295,7 @@ if __name__ == "__main__":
         log_alpha.fill_(math.log(args.alpha))
     alpha = log_alpha.detach().exp()  # updated in place by the alpha step when autotuned
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), actor=actor_view)
     critic_loss_step = partial(
@@ -313,7 +306,7 @@ if __name__ == "__main__":
     critic_step = partial(update, loss_fn=critic_loss_step, optimizers=[q_optimizer])
     actor_optimizers = [actor_optimizer, alpha_optimizer] if args.autotune else [actor_optimizer]
     actor_step = partial(update, loss_fn=actor_loss_step, optimizers=actor_optimizers, alpha=alpha, log_alpha=log_alpha)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
 
@@ -327,7 +320,7 @@ if __name__ == "__main__":
     with run.stoppable():
         for iteration in range(num_iterations):
             stop_if_signalled()
-            global_step = iteration * args.num_envs  # steps done
+            global_step = iteration * args.num_envs
             if global_step >= args.learning_starts and num_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
             if global_step < args.learning_starts and not loaded:

@@ -29,7 +29,7 @@ class Args(RunArgs):
     env_id: str = "HalfCheetah-v5"
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 1_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     num_envs: int = 1
     """the number of parallel environments"""
     buffer_size: int = 1_000_000
@@ -45,18 +45,17 @@ class Args(RunArgs):
     learning_rate: float = 3e-4
     """the learning rate of both optimizers"""
     exploration_noise: float = 0.1
-    """the scale of the Gaussian exploration noise (fraction of the action range's half-width)"""
+    """the scale of the exploration noise (in half action ranges)"""
     policy_noise: float = 0.2
     """the scale of the target policy smoothing noise"""
     noise_clip: float = 0.5
     """the target policy smoothing noise is clipped to this"""
     policy_frequency: int = 2
-    """the actor and the targets are updated every `policy_frequency` critic updates (delayed)"""
+    """the frequency of delayed actor and target updates"""
     measure_burnin: int = 50
-    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "batch_size", "buffer_size", "policy_frequency"),
     rates=("learning_rate", "tau"),
@@ -65,13 +64,13 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # iterations between metric reads: each read is one host sync
+LOG_EVERY = 100  # iterations between metric reads (a host sync each)
 
 
 def make_env(env_id, video_folder=None):
     def thunk():
         env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
-        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations, as one vector
+        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations
             env = gym.wrappers.FlattenObservation(env)
         if video_folder:
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
@@ -81,11 +80,10 @@ def make_env(env_id, video_folder=None):
 
 
 def make_envs(env_id, num_envs, video_folder=None):
-    """Vector env whose step returns the reset observation and the true final one (info["final_obs"]), and each
-    finished episode's return and length."""
-    if env_id.startswith("dm_control/"):  # DeepMind's control suite through shimmy, as CleanRL runs it
+    """A vector env that records episodes; a step that ends one returns the reset observation, the final in infos."""
+    if env_id.startswith("dm_control/"):  # through shimmy, as CleanRL runs it
         try:
-            import shimmy  # noqa: F401  (it registers the dm_control/ ids)
+            import shimmy  # noqa: F401  (registers the ids)
         except ModuleNotFoundError:
             fail('dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"')
     try:
@@ -97,7 +95,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         )
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except Exception as error:  # an old version, an id moved to another package, any other failure to make it
+    except Exception as error:
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has {envs.single_action_space}: this script needs continuous (Box) actions")
@@ -107,8 +105,7 @@ def make_envs(env_id, num_envs, video_folder=None):
 
 
 def true_next_obs(next_obs, infos):
-    """The observations the step led to. For an env whose episode just ended, `next_obs` already holds the
-    reset observation and the vector env puts the final one in infos: truncated episodes bootstrap from it."""
+    """The observations the step led to: the final one where an episode ended (a truncated one bootstraps from it)."""
     if "final_obs" not in infos:
         return next_obs
     ended = infos["_final_obs"]
@@ -141,8 +138,8 @@ class Actor(nn.Module):
 
 
 class QEnsemble(nn.Module):
-    """`num_q` critics Q(s, a) with their weights stacked on a leading dim: every layer is one batched
-    matmul for all critics (what torch.vmap over the nets computes, without vmap's compile cost on CPU)."""
+    """`num_q` critics Q(s, a), their weights stacked: each layer is one batched matmul for all (torch.vmap's result,
+    without its compile cost on a CPU)."""
 
     def __init__(self, obs_dim, act_dim, num_q=2, hidden=256):
         super().__init__()
@@ -160,8 +157,8 @@ class QEnsemble(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows [obs | action | reward | next_obs | termination] of one preallocated device
-    tensor: adding a step is one host-to-device copy, sampling a batch is one gather."""
+    """Transitions as rows [obs | action | reward | next_obs | termination] of one device tensor: a step is one
+    copy in, a batch one gather."""
 
     def __init__(self, size, obs_dim, act_dim, num_envs, device):
         self.columns = [obs_dim, act_dim, 1, obs_dim, 1]
@@ -178,24 +175,24 @@ class ReplayBuffer:
         self.count = min(self.count + len(step), self.size)
 
     def sample(self, batch_size):
-        """obs, actions, rewards, next_obs, terminations: rewards and terminations of shape (batch,)."""
+        """obs, actions, rewards, next_obs, terminations."""
         batch = self.rows[torch.randint(0, self.count, (batch_size,), device=self.rows.device)]
         obs, actions, rewards, next_obs, terminations = batch.split(self.columns, dim=1)
         return obs, actions, rewards.squeeze(1), next_obs, terminations.squeeze(1)
 
 
 def policy(obs, *, actor, exploration_noise):
-    """Noisy actions for acting; `actor` is a detached view of the learner, so no graph is recorded."""
+    """Noisy actions; `actor` is a detached view of the learner: no graph is recorded."""
     return actor.add_noise(actor(obs), exploration_noise)
 
 
 def critic_loss(obs, actions, rewards, next_obs, terminations, *, target_actor, qnet, target_qnet, args):
-    """The critics' TD loss (summed over critics, as two separate losses) and CleanRL's metrics on the device."""
+    """The critics' TD loss, summed over critics, and CleanRL's metrics."""
     with torch.no_grad():
         # target policy smoothing: the target is averaged over nearby actions, not a sharp peak of Q
         next_actions = target_actor.add_noise(target_actor(next_obs), args.policy_noise, args.noise_clip)
         next_q = target_qnet(next_obs, next_actions).min(0).values
-        q_target = rewards + args.gamma * (1 - terminations) * next_q  # a terminal step does not bootstrap
+        q_target = rewards + args.gamma * (1 - terminations) * next_q
     q_values = qnet(obs, actions)
     q_losses = (q_values - q_target).pow(2).mean(1)
     losses = q_losses.detach()
@@ -205,15 +202,13 @@ def critic_loss(obs, actions, rewards, next_obs, terminations, *, target_actor, 
 
 
 def actor_loss(obs, *, actor, qnet_view):
-    """Deterministic policy gradient through the first critic; `qnet_view` reads the critics' weights
-    detached, so no weight gradients are computed for them here."""
+    """Deterministic policy gradient through the first critic; `qnet_view` reads the critics detached."""
     loss = -qnet_view(obs, actor(obs), num_critics=1).mean()
     return loss, {"actor_loss": loss.detach()}
 
 
 def update(*batch, loss_fn, optimizer):
-    """One gradient step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each,
-    while the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside."""
+    """One gradient step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -222,13 +217,13 @@ def update(*batch, loss_fn, optimizer):
 
 
 def detached_view(module, like):
-    """`like` (built on the meta device) reads `module`'s weights, shared and without grad: no copies."""
+    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
     from_module(module).data.to_module(like)
     return like.requires_grad_(False)
 
 
 def evaluate(actor, args, device, video_folder):
-    """Undiscounted return of the first episode in each of --eval-episodes envs, with the deterministic action."""
+    """The return of one episode in each of --eval-episodes envs, with the deterministic action."""
     envs = make_envs(args.env_id, args.eval_episodes, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns = np.zeros(envs.num_envs)
@@ -250,7 +245,7 @@ if __name__ == "__main__":
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
-    # the cores idle at start: a second thread pays these 256-wide layers on an idle machine, not beside busy ones
+    # the cores idle at start: a second thread pays on an idle machine, not beside busy processes
     tune_cpu(args.torch_threads, device, threads="idle")
 
     envs = make_envs(args.env_id, args.num_envs)
@@ -283,8 +278,7 @@ if __name__ == "__main__":
     )
     loaded = run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), actor=actor_view, exploration_noise=args.exploration_noise)
     critic_loss_step = partial(
@@ -293,7 +287,7 @@ if __name__ == "__main__":
     actor_loss_step = partial(maybe_compile(actor_loss), actor=actor, qnet_view=qnet_view)
     critic_step = partial(update, loss_fn=critic_loss_step, optimizer=q_optimizer)
     actor_step = partial(update, loss_fn=actor_loss_step, optimizer=actor_optimizer)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
 
@@ -307,7 +301,7 @@ if __name__ == "__main__":
     with run.stoppable():
         for iteration in range(num_iterations):
             stop_if_signalled()
-            global_step = iteration * args.num_envs  # steps done
+            global_step = iteration * args.num_envs
             if global_step >= args.learning_starts and num_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
             if global_step < args.learning_starts and not loaded:
