@@ -1,10 +1,8 @@
 """Deep Q-Network (DQN, Mnih et al. 2015) for discrete-action classic control, one file.
 
-Speed: the replay memory is one preallocated device tensor (a step is one host-to-device copy, a batch one
-gather), the acting network reads the learner's weights through a detached view (no copies), the exploration coins
-are drawn on the host (the network runs only when some env exploits), and the action step and the update take
-torch.compile and CUDA graphs. dqn_atari_async.py (which also takes classic control) plays in a second process,
-behind a rate limiter.
+Speed: the replay memory is one device tensor, the acting network is a detached view of the learner, the
+exploration coins are drawn on the host (the network runs only when some env exploits), and the action step and the
+update take torch.compile and CUDA graphs. dqn_atari_async.py plays in a second process.
     python leanrl_scripts/dqn.py --env-id CartPole-v1 --compile
 """
 
@@ -30,7 +28,7 @@ class Args(RunArgs):
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (discrete actions, flat observations)"""
     total_timesteps: int = 500_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -54,12 +52,11 @@ class Args(RunArgs):
     learning_starts: int = 10_000
     """environment steps before learning starts"""
     train_frequency: int = 10
-    """environment steps (all envs together) per update: batch_size / train_frequency samples per transition"""
+    """the frequency of training (environment steps per update)"""
     measure_burnin: int = 50
-    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
     rates=("learning_rate", "tau", "exploration_fraction"),
@@ -68,12 +65,12 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 def make_envs(env_id, num_envs, seed=0, video_folder=None):
-    """Vector env whose step returns the reset observation and the true final one (info["final_obs"]), and each
-    finished episode's return and length; with `video_folder`, the first env's first episode is recorded there."""
+    """A vector env that records episodes (and with `video_folder` the first env's first one as a video); a step
+    that ends one returns the reset observation, the final in infos."""
 
     def make_env(record):
         env = gym.make(env_id, render_mode="rgb_array" if record else None)
@@ -86,7 +83,7 @@ def make_envs(env_id, num_envs, seed=0, video_folder=None):
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.UnregisteredEnv:
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
-    except Exception as error:  # any other failure to make it (a missing package, an old version): say what it was
+    except Exception as error:
         fail(f"{env_id}: {error}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -110,7 +107,7 @@ class QNetwork(nn.Module):
 class ReplayBuffer:
     """Transitions as rows [obs | action | reward | next_obs | termination] of one preallocated device tensor, row
     `i % rows` for the i-th transition. Steps wait in a host array and go to the device in one block when a batch
-    is sampled: a copy per step cost 14 us of CartPole's 220 per step on a CPU, and one per update costs little."""
+    is sampled: a copy per step costs more than the step (docs/dqn.md)."""
 
     def __init__(self, buffer_size, obs_dim, num_envs, device, staged_steps=64):
         self.columns = [obs_dim, 1, 1, obs_dim, 1]
@@ -129,8 +126,8 @@ class ReplayBuffer:
         self.num_staged += len(step)
 
     def flush(self):
-        """The staged steps into their rows, in two blocks where they wrap around the end. On CUDA through pinned
-        memory: a copy from pageable memory would make the host wait for the updates queued before it."""
+        """The staged steps into their rows. On CUDA through pinned memory: a copy from pageable memory would wait
+        for the updates queued before it."""
         start = self.inserted % len(self.rows)
         staged = torch.from_numpy(self.staged[: self.num_staged])
         staged = staged.pin_memory() if self.rows.is_cuda else staged  # reused only once the copy is done
@@ -140,8 +137,7 @@ class ReplayBuffer:
         self.inserted, self.num_staged = self.inserted + self.num_staged, 0
 
     def sample(self, batch_size):
-        """A uniform batch of the newest min(inserted, buffer_size) transitions: obs, actions, rewards,
-        next_obs, terminations (actions int64, the rest float32)."""
+        """A uniform batch of the newest min(inserted, buffer_size) transitions."""
         self.flush()
         newest = torch.randint(0, min(self.inserted, self.buffer_size), (batch_size,), device=self.rows.device)
         batch = self.rows[(self.inserted - 1 - newest) % len(self.rows)]
@@ -155,7 +151,7 @@ def policy(obs, *, q_network):
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss of a batch, and its metrics (the loss and the mean Q of the taken actions) on the device."""
+    """The TD loss of a batch, and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -165,8 +161,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step. `loss_fn` is the piece --compile compiles: its forward and backward are one graph each, while
-    the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside it."""
+    """One TD step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -182,7 +177,7 @@ def epsilon_at(step, args):
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits (early in training most steps skip it), random actions are drawn only when some env explores."""
+    exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -191,7 +186,7 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
 
 
 def evaluate(q_network, args, device, video_folder=None):
-    """Undiscounted return of the first episode in each of --eval-episodes envs, acting greedily."""
+    """The return of one episode in each of --eval-episodes envs, acting greedily."""
     envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns = np.zeros(envs.num_envs)
@@ -215,7 +210,7 @@ if __name__ == "__main__":
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
-    # One CPU thread: a 120-84 MLP gains nothing from intra-op threads (waking them costs more than the math)
+    # One CPU thread: waking more costs a small MLP more than its math
     tune_cpu(args.torch_threads, device, threads=1)
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
@@ -235,13 +230,12 @@ if __name__ == "__main__":
     target_params = from_module(target_network)
     online_params = from_module(q_network).data
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     loss_step = partial(maybe_compile(td_loss), q_network=q_network, target_network=target_network, gamma=args.gamma)
     update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
