@@ -1,9 +1,8 @@
 """Proximal Policy Optimization (PPO, Schulman et al. 2017) on Atari with envpool, one file.
 
-Speed: CleanRL's rollout in preallocated device tensors, the observations reaching them through one pinned buffer;
-the convolutions run channels-last (mkldnn's NHWC kernels halve their backward on CPU); GAE is a log-depth scan; the
-policy step, GAE and update can be wrapped in torch.compile and CUDA graphs. Cost: a host copy of each step's frames
-into the pinned buffer. Envpool's async mode, which needs storage of its own, is ppo_atari_envpool_async.py.
+Speed: the rollout lives in device tensors, the observations reaching them through one pinned buffer; the
+convolutions run channels-last; GAE is a log-depth scan; the policy step, GAE and update take torch.compile and CUDA
+graphs. Cost: a host copy of each step's frames. Envpool's async mode is ppo_atari_envpool_async.py.
     python leanrl_scripts/ppo_atari_envpool.py --env-id Breakout-v5 --compile --cudagraphs
 """
 
@@ -13,13 +12,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
-# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# Idle OpenMP threads sleep instead of spinning on the cores envpool's workers need; set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import envpool
-except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+except ModuleNotFoundError:  # --help works without it
     envpool = None
 import numpy as np
 import torch
@@ -36,13 +34,13 @@ class Args(RunArgs):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel game environments"""
+    """the number of parallel environments"""
     num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
+    """the number of steps per env per rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
     gamma: float = 0.99
@@ -58,7 +56,7 @@ class Args(RunArgs):
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
-    """use a clipped loss for the value function, as in the paper"""
+    """use a clipped loss for the value function"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -66,12 +64,11 @@ class Args(RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    """the target KL: an iteration's epochs stop above it (None: never)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """iterations the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "clip_coef", "max_grad_norm"),
@@ -81,9 +78,8 @@ RANGES = Ranges(
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
-    """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
-    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score. One worker
-    thread per env, up to the usable cores: envpool's default counts every core of the host, quota or not."""
+    """envpool's Atari preprocessing; training envs end an episode at each lost life and clip rewards (info["reward"]
+    keeps the score). One worker per env up to the usable cores."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -126,7 +122,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def hidden(self, obs):
-        # Channels-last on uint8 costs 4x less than on floats; a no-op for the rollout storage, kept that way.
+        # channels-last on uint8, before the float conversion (a no-op for the storage)
         return self.network(obs.contiguous(memory_format=torch.channels_last) / 255.0)
 
     def get_value(self, obs):
@@ -143,15 +139,14 @@ class Agent(nn.Module):
 
 
 def policy(obs, *, agent):
-    """Sampled actions, their log-probabilities and the values; `agent` is a detached view of the learner."""
+    """Sampled actions, their log-probabilities and the values."""
     action, log_prob, _, value = agent.get_action_and_value(obs)
     return action, log_prob, value
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
-    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
-    Shapes (T, num_envs); `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    """Advantages A_t = delta_t + c_t A_{t+1}, c_t = gamma lambda (1 - done_{t+1}), as a parallel scan of log2(T)
+    rounds; `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -165,7 +160,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 
 class Batch(NamedTuple):
-    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    """Rollout tensors flattened over (step, env)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -176,7 +171,7 @@ class Batch(NamedTuple):
 
 
 def ppo_loss(minibatch, *, agent, args):
-    """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
+    """The clipped-surrogate loss of a minibatch and its metrics."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages = minibatch.advantages
     returns = minibatch.returns
@@ -185,7 +180,7 @@ def ppo_loss(minibatch, *, agent, args):
     ratio = logratio.exp()
     with torch.no_grad():
         old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
+        approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -208,8 +203,7 @@ def ppo_loss(minibatch, *, agent, args):
 
 
 def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
-    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
-    backward call, the clipping and the fused Adam step, which dynamo does not trace, run outside it."""
+    """One step on `loss_fn` (the compiled piece; backward, clipping and Adam run outside it)."""
     loss, metrics = loss_fn(minibatch)
     optimizer.zero_grad()
     loss.backward()
@@ -219,13 +213,11 @@ def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
 
 
 def evaluate(agent, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs; with `video_folder`, the first env's game
-    recorded there. Actions are sampled: a greedy Atari policy can stall (in Breakout, by never firing a new ball)
-    until the 27k-step time limit."""
+    """True score of one whole game in each of --eval-episodes envs, actions sampled: a greedy policy can stall."""
     envs = make_envs(
         args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
     )
-    torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
+    torch.manual_seed(args.seed)  # a checkpoint evaluates to its run's score
     obs, _ = envs.reset()
     video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns = np.zeros(envs.num_envs)
@@ -259,48 +251,46 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    # every usable core: the envs and the network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
 
     envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
     num_actions = int(envs.action_space.n)
     agent = Agent(num_actions).to(device)
-    # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    # a tensor learning rate, annealed in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
-    agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    agent_view = Agent(num_actions).to("meta")  # the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
     loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
     update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
 
     T = args.num_steps
     frame_shape = envs.observation_space.shape
-    # (T, num_envs) frames stored channels-last, as the policy and the update read them: no conversion per minibatch
+    # frames stored channels-last, as the policy and the update read them
     obs = torch.empty(
         (T * args.num_envs, *frame_shape), dtype=torch.uint8, device=device, memory_format=torch.channels_last
     )
     obs = obs.view(T, args.num_envs, *frame_shape)
     actions = torch.zeros((T, args.num_envs), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((T, args.num_envs), device=device) for _ in range(4))
-    # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
-    # the copy precedes the policy step on the stream, and the host waits for the actions before the next step.
+    # one pinned buffer, reused: the host waits for the actions before the next copy
     staging = torch.empty((args.num_envs, *frame_shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
 
     def to_device(next_obs_np):
-        """The envs' observations on the device, channels-last once for the storage and the policy."""
-        np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
+        """The envs' observations on the device."""
+        np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool
         return staging.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
 
     episode_returns = np.zeros(args.num_envs)
@@ -326,13 +316,13 @@ if __name__ == "__main__":
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)
                 step_result = run.timed_env_call(envs.step, actions[step].cpu().numpy())
                 next_obs_np, reward, terminations, truncations, infos = step_result
-                # one small host-to-device copy for the rewards and dones together
+                # rewards and dones in one copy
                 step_data = np.stack([reward, terminations | truncations]).astype(np.float32)
                 step_data = torch.from_numpy(step_data).to(device, non_blocking=True)
                 rewards[step] = step_data[0]
                 next_done = step_data[1]
                 next_obs = to_device(next_obs_np)
-                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                # the true score: info["reward"] is unclipped, info["terminated"] ends the game, not a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
@@ -340,9 +330,7 @@ if __name__ == "__main__":
                     episode_returns[env_id] = 0.0
                     episode_lengths[env_id] = 0
 
-            # As CleanRL's: next_obs bootstraps GAE with its value now, and the next rollout's first step acts on it
-            # with the updated weights, so every row an update gets comes from the weights it starts from. Its value
-            # comes from the policy step (one action sampled and dropped): the compiled piece, no graph of its own.
+            # as CleanRL's: next_obs bootstraps GAE now, and the next rollout acts on it with the updated weights
             next_value = policy_step(next_obs)[2]
             advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
             batch = Batch(*(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values)))
@@ -355,11 +343,11 @@ if __name__ == "__main__":
                     num_updates += 1
                 if args.target_kl is not None and minibatch_metrics[-1]["approx_kl"].item() > args.target_kl:
                     break  # one sync per epoch
-            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            # logged: the means over the iteration's minibatches
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
+            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
-            recent = run.recent_return()  # CleanRL's last 20 games
+            recent = run.recent_return()
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
     run.end_training(global_step, metrics)
     envs.close()
