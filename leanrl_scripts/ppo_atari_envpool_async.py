@@ -1,9 +1,8 @@
 """Proximal Policy Optimization (PPO, Schulman et al. 2017) on Atari with envpool's async mode, one file.
 
-Speed: envpool steps one half of the envs while the network acts for the other half (envpool's batch_size =
-num_envs / 2), so the envs' time overlaps the policy's; envs come back in any order, stored by row and env id.
-Cost: an env can run steps ahead of another, so the storage has room for 2 x num_steps + 1 rows and the rows past a
-rollout carry into the next one, acted on by weights one update older; runs are not bit-reproducible (thread timing).
+Speed: envpool steps one half of the envs while the network acts for the other half, so the envs' time overlaps
+the policy's. Cost: envs come back in any order and some run ahead, so rows past a rollout carry into the next one,
+acted on by weights one update older; runs are not bit-reproducible (thread timing).
     python leanrl_scripts/ppo_atari_envpool_async.py --env-id Breakout-v5 --compile --cudagraphs
 """
 
@@ -13,13 +12,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
-# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# Idle OpenMP threads sleep instead of spinning on the cores envpool's workers need; set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import envpool
-except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+except ModuleNotFoundError:  # --help works without it
     envpool = None
 import numpy as np
 import torch
@@ -36,13 +34,13 @@ class Args(RunArgs):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel game environments (even: envpool steps half of them at a time)"""
+    """the number of parallel environments (even: envpool steps half at a time)"""
     num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
+    """the number of steps per env per rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
     gamma: float = 0.99
@@ -58,7 +56,7 @@ class Args(RunArgs):
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
-    """use a clipped loss for the value function, as in the paper"""
+    """use a clipped loss for the value function"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -66,12 +64,11 @@ class Args(RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    """the target KL divergence threshold (None: none)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """iterations the speed figure leaves out"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "clip_coef", "max_grad_norm"),
@@ -81,9 +78,7 @@ RANGES = Ranges(
 
 
 def make_envs(env_id, num_envs, batch_size=None, seed=0, training=True, render=False):
-    """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
-    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score. One worker
-    thread per env, up to the usable cores: envpool's default counts every core of the host, quota or not."""
+    """envpool's Atari preprocessing; training envs end an episode at each lost life and clip rewards."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -108,7 +103,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN network (Mnih et al. 2015) with a policy head and a value head."""
+    """The Nature DQN network with a policy head and a value head."""
 
     def __init__(self, num_actions):
         super().__init__()
@@ -127,32 +122,30 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def hidden(self, obs):
-        # Channels-last on uint8 costs 4x less than on floats; a no-op for the rollout storage, kept that way.
+        # channels-last on uint8, before the float conversion (a no-op for the storage)
         return self.network(obs.contiguous(memory_format=torch.channels_last) / 255.0)
 
     def get_value(self, obs):
         return self.critic(self.hidden(obs)).squeeze(-1)
 
     def get_action_and_value(self, obs, action=None):
-        """Categorical policy written out: torch.distributions checks its arguments with host syncs."""
+        """Categorical policy written out: torch.distributions syncs to check its arguments."""
         hidden = self.hidden(obs)
         log_probs = self.actor(hidden).log_softmax(-1)
-        if action is None:  # Gumbel-max sampling: argmax(log p - log E), E ~ Exp(1)
+        if action is None:  # Gumbel-max sampling
             action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         return action, log_probs.gather(-1, action[:, None]).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
 
 
 def policy(obs, *, agent):
-    """Sampled actions, their log-probabilities and the values; `agent` is a detached view of the learner."""
+    """Sampled actions, their log-probabilities and the values."""
     action, log_prob, _, value = agent.get_action_and_value(obs)
     return action, log_prob, value
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
-    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
-    Shapes (T, num_envs); `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    """GAE's advantages and returns as a parallel scan of log2(T) rounds."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -166,7 +159,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 
 class Batch(NamedTuple):
-    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    """Rollout tensors flattened over (step, env)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -177,7 +170,7 @@ class Batch(NamedTuple):
 
 
 def ppo_loss(minibatch, *, agent, args):
-    """The clipped-surrogate loss of a minibatch (a Batch) and its metrics on the device."""
+    """The clipped-surrogate loss of a minibatch and its metrics."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages = minibatch.advantages
     returns = minibatch.returns
@@ -186,7 +179,7 @@ def ppo_loss(minibatch, *, agent, args):
     ratio = logratio.exp()
     with torch.no_grad():
         old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
+        approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -209,8 +202,7 @@ def ppo_loss(minibatch, *, agent, args):
 
 
 def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
-    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each, while the
-    backward call, the clipping and the fused Adam step, which dynamo does not trace, run outside it."""
+    """One step on `loss_fn`, the compiled piece."""
     loss, metrics = loss_fn(minibatch)
     optimizer.zero_grad()
     loss.backward()
@@ -220,13 +212,11 @@ def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
 
 
 def evaluate(agent, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs; with `video_folder`, the first env's game
-    recorded there. Actions are sampled: a greedy Atari policy can stall (in Breakout, by never firing a new ball)
-    until the 27k-step time limit."""
+    """True score of one game in each of --eval-episodes envs, actions sampled (a greedy policy can stall)."""
     envs = make_envs(
         args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
     )
-    torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
+    torch.manual_seed(args.seed)
     obs, _ = envs.reset()
     video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns = np.zeros(envs.num_envs)
@@ -248,7 +238,7 @@ def evaluate(agent, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids, the same game
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
     run = Run(args, RANGES)
@@ -262,40 +252,37 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    # every usable core: envs and network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
 
     env_batch = args.num_envs // 2
     envs = make_envs(args.env_id, args.num_envs, env_batch, seed=args.seed)
     num_actions = int(envs.action_space.n)
     agent = Agent(num_actions).to(device)
-    # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    # a tensor learning rate, annealed in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
-    agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    agent_view = Agent(num_actions).to("meta")  # the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # compiled before the arguments are bound: to dynamo, compiled partials share one wrapper and one cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
     loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
     update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))
 
-    # Row r of env e holds its r-th observation of this rollout, what arrived with it (the reward and done of the
-    # step into it) and what the policy sent back. Envs come back in any order, each filling its own column; a
-    # rollout is complete when every env has num_steps + 1 rows, the last one bootstrapping GAE. Envs can run a few
-    # steps ahead of others: room for num_steps extra rows, and the rows past num_steps move to the front.
+    # Row r of env e: its r-th observation of the rollout, the reward and done that came with it, the policy's
+    # answer. A rollout is complete when every env has num_steps + 1 rows; rows past that move to the front.
     T = args.num_steps
     frame_shape = envs.observation_space.shape
     rows = 2 * T + 1
-    # frames stored channels-last, as the policy and the update read them: no conversion per minibatch
+    # frames stored channels-last, as the policy and the update read them
     obs = torch.empty(
         (rows * args.num_envs, *frame_shape), dtype=torch.uint8, device=device, memory_format=torch.channels_last
     )
@@ -303,9 +290,8 @@ if __name__ == "__main__":
     actions = torch.zeros((rows, args.num_envs), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((rows, args.num_envs), device=device) for _ in range(4))
     storage = (obs, actions, logprobs, rewards, dones, values)
-    row_of_env = np.zeros(args.num_envs, dtype=np.int64)  # host-side cursor, indexed by env id
-    # Observations reach the device through one pinned buffer with a non-blocking copy. Reusing it is safe:
-    # the copy precedes the policy step on the stream, and the host waits for the actions before the next recv.
+    row_of_env = np.zeros(args.num_envs, dtype=np.int64)
+    # one pinned buffer, reused: the host waits for the actions before the next recv
     staging = torch.empty((env_batch, *frame_shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
     episode_returns = np.zeros(args.num_envs)
@@ -329,12 +315,11 @@ if __name__ == "__main__":
                 env_ids = infos["env_id"]
                 if row_of_env[env_ids].max() >= rows:
                     raise RuntimeError(f"env {env_ids[row_of_env[env_ids].argmax()]} ran {T} steps ahead of another")
-                # one small host-to-device copy for the rewards, dones and storage indices together
+                # rewards, dones and storage indices in one copy
                 step_data = np.stack([reward, terminations | truncations, row_of_env[env_ids], env_ids])
                 step_data = torch.from_numpy(step_data.astype(np.float32)).to(device, non_blocking=True)
                 row, env = step_data[2:].long()
-                np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool for 225 KB
-                # channels-last once, for the storage and the policy
+                np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool
                 next_obs = staging.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
                 obs[row, env] = next_obs
                 rewards[row, env] = step_data[0]
@@ -342,10 +327,10 @@ if __name__ == "__main__":
                 action, logprobs[row, env], values[row, env] = policy_step(next_obs)
                 actions[row, env] = action
                 run.timed_env_call(envs.send, action.cpu().numpy(), env_ids)
-                # row 0 is written only by each env's first observation, the reset one: no step led to it
+                # row 0 of the first rollout: no step led to it
                 global_step += int(np.count_nonzero(row_of_env[env_ids]))
                 row_of_env[env_ids] += 1
-                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                # the true score: info["reward"] is unclipped, info["terminated"] ends the game
                 episode_returns[env_ids] += infos["reward"]
                 episode_lengths[env_ids] += 1
                 for env_id in env_ids[infos["terminated"].astype(bool) | truncations]:
@@ -353,7 +338,7 @@ if __name__ == "__main__":
                     episode_returns[env_id] = 0.0
                     episode_lengths[env_id] = 0
 
-            # row T is each env's bootstrap observation, its value taken when it arrived
+            # row T: each env's bootstrap observation
             advantages, returns = gae_step(rewards[1 : T + 1], values[:T], dones[:T], values[T], dones[T])
             batch = Batch(
                 obs[:T].flatten(0, 1),
@@ -372,17 +357,17 @@ if __name__ == "__main__":
                     num_updates += 1
                 if args.target_kl is not None and minibatch_metrics[-1]["approx_kl"].item() > args.target_kl:
                     break  # one sync per epoch
-            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            # logged: the means over the iteration's minibatches
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
+            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
-            # The rows past the rollout (the bootstrap row at least) start the next one: acted on before this update,
-            # they come from weights one update older, which PPO's ratio and clip account for.
+            # the rows past the rollout start the next one, acted on by weights one update older (PPO's ratio and
+            # clip account for it)
             carried = row_of_env.max() - T
             for t in storage:
                 t[:carried] = t[T : T + carried].clone()
             row_of_env -= T
-            recent = run.recent_return()  # CleanRL's last 20 games
+            recent = run.recent_return()
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
     run.end_training(global_step, metrics)
     envs.close()
