@@ -41,7 +41,7 @@ class Args(RunArgs):
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
     """envpool (its own Atari preprocessing) or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -65,12 +65,11 @@ class Args(RunArgs):
     learning_starts: int = 80_000
     """environment steps before learning starts"""
     train_frequency: int = 4
-    """environment steps (all envs together) per update: batch_size / train_frequency samples per transition"""
+    """the frequency of training (environment steps per update)"""
     measure_burnin: int = 50
-    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
     rates=("learning_rate", "tau", "exploration_fraction"),
@@ -79,7 +78,7 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 class EpisodicLife(gym.Wrapper):
@@ -253,7 +252,7 @@ def policy(obs, *, q_network):
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss of a batch, and its metrics (the loss and the mean Q of the taken actions) on the device."""
+    """The TD loss of a batch, and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -263,8 +262,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step. `loss_fn` is the piece --compile compiles: its forward and backward are one graph each, while
-    the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside it."""
+    """One TD step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -280,7 +278,7 @@ def epsilon_at(step, args):
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits (early in training most steps skip it), random actions are drawn only when some env explores."""
+    exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -329,7 +327,7 @@ if __name__ == "__main__":
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
-    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    # every usable core: the envs and the network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores())
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
@@ -348,13 +346,12 @@ if __name__ == "__main__":
     target_params = from_module(target_network)
     online_params = from_module(q_network).data
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     loss_step = partial(maybe_compile(td_loss), q_network=q_network, target_network=target_network, gamma=args.gamma)
     update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
     rb = FrameReplay(args.buffer_size, args.num_envs, device)

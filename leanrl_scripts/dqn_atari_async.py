@@ -51,7 +51,7 @@ class Args(RunArgs):
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
     """Atari: envpool (its own preprocessing) or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -75,16 +75,15 @@ class Args(RunArgs):
     learning_starts: int = 80_000
     """environment steps before learning starts"""
     train_frequency: int = 4
-    """environment steps (all envs together) per update: batch_size / train_frequency samples per transition"""
+    """the frequency of training (environment steps per update)"""
     actor_sync_every: int = 10
     """updates between copies of the learner's weights to the actor"""
     replay_tolerance: float = 0.1
     """how far the replay ratio may drift, as a fraction of learning_starts x replay ratio samples"""
     measure_burnin: int = 50
-    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "actor_sync_every"),
     rates=("learning_rate", "tau", "exploration_fraction", "replay_tolerance"),
@@ -93,7 +92,7 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 class EpisodicLife(gym.Wrapper):
@@ -410,7 +409,7 @@ def policy(obs, *, q_network):
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss of a batch, and its metrics (the loss and the mean Q of the taken actions) on the device."""
+    """The TD loss of a batch, and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -420,8 +419,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step. `loss_fn` is the piece --compile compiles: its forward and backward are one graph each, while
-    the backward call and the fused Adam step, which dynamo does not trace (a graph break each), run outside it."""
+    """One TD step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -437,7 +435,7 @@ def epsilon_at(step, args):
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
     """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits (early in training most steps skip it), random actions are drawn only when some env explores."""
+    exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))

@@ -25,7 +25,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 try:
     import envpool
-except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+except ModuleNotFoundError:  # --help works without it
     envpool = None
 import numpy as np
 import torch
@@ -42,13 +42,13 @@ class Args(RunArgs):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel game environments"""
+    """the number of parallel environments"""
     num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
+    """the number of steps per env per rollout"""
     lstm_impl: Literal["padded", "loop"] = "padded"
     """padded: one LSTM call over the episode segments of a minibatch; loop: one call per time step"""
     anneal_lr: bool = True
@@ -66,7 +66,7 @@ class Args(RunArgs):
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
-    """use a clipped loss for the value function, as in the paper"""
+    """use a clipped loss for the value function"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -74,12 +74,11 @@ class Args(RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    """the target KL: an iteration's epochs stop above it (None: never)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """iterations the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "clip_coef", "max_grad_norm"),
@@ -212,9 +211,8 @@ def policy(obs, h, c, start, *, agent):
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
-    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
-    Shapes (T, num_envs); `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    """Advantages A_t = delta_t + c_t A_{t+1}, c_t = gamma lambda (1 - done_{t+1}), as a parallel scan of log2(T)
+    rounds; `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -346,18 +344,18 @@ if __name__ == "__main__":
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    # every usable core: the envs and the network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
     rng = np.random.default_rng(args.seed)  # minibatch env groups: their segment plans are built on the host
 
     envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
     num_actions = int(envs.action_space.n)
     agent = Agent(num_actions).to(device)
-    # Tensor learning rate and capturable state: annealing writes into the tensor, so graphs never recapture.
+    # a tensor learning rate, annealed in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
-    agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    agent_view = Agent(num_actions).to("meta")  # the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
     # ...but with the learner's LSTM itself, run under no_grad: on CUDA an LSTM whose weights changed copies them into
@@ -366,8 +364,7 @@ if __name__ == "__main__":
     agent_view.lstm = agent.lstm
 
     graphed = partial(CudaGraphModule, warmup=5)  # the first calls compile and initialise Adam's state, then capture
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     if args.compile:  # dynamo traces the policy's LSTM step, and hands the update's LSTM to the eager functions
         torch._dynamo.config.allow_rnn = True
@@ -432,7 +429,7 @@ if __name__ == "__main__":
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
                 rewards[step] = step_data[0]
                 next_done = step_data[1]
-                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                # the true score: info["reward"] is unclipped, info["terminated"] ends the game, not a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
@@ -464,7 +461,7 @@ if __name__ == "__main__":
                     num_updates += 1
                 if args.target_kl is not None and minibatch_metrics[-1]["approx_kl"].item() > args.target_kl:
                     break  # one sync per epoch
-            # logged: the means over the iteration's minibatches (device ops, read in the log's one sync)
+            # logged: the means over the iteration's minibatches
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
             metrics["explained_variance"] = 1 - (returns - values).var(correction=0) / returns_var

@@ -15,13 +15,12 @@ from datetime import timedelta
 from functools import partial
 from typing import Literal, NamedTuple
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
-# programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# Idle OpenMP threads sleep instead of spinning on the cores envpool's workers need; set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import envpool
-except ModuleNotFoundError:  # --help works without it; a run stops with the line that installs it
+except ModuleNotFoundError:  # --help works without it
     envpool = None
 import numpy as np
 import torch
@@ -49,7 +48,7 @@ class Args(RunArgs):
     local_num_envs: int = 8
     """the number of game environments of each process"""
     num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
+    """the number of steps per env per rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
     gamma: float = 0.99
@@ -65,7 +64,7 @@ class Args(RunArgs):
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
-    """use a clipped loss for the value function, as in the paper"""
+    """use a clipped loss for the value function"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -73,16 +72,15 @@ class Args(RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an iteration's epochs once the approximate KL exceeds this (checked once per epoch)"""
+    """the target KL: an iteration's epochs stop above it (None: never)"""
     measure_burnin: int = 1
-    """iterations (rollout and update) that the speed figure leaves out (compilation, graph capture)"""
+    """iterations the speed figure leaves out (compilation, graph capture)"""
     world_size: tyro.conf.Suppress[int] = 1
     """(derived) the number of processes, from torchrun"""
     num_envs: tyro.conf.Suppress[int] = 0
     """(derived) all processes' envs: local_num_envs x world_size"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("local_num_envs", "num_steps", "num_minibatches", "update_epochs"),
     rates=("learning_rate", "clip_coef", "max_grad_norm"),
@@ -137,7 +135,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def hidden(self, obs):
-        # Channels-last on uint8 costs 4x less than on floats; a no-op for the rollout storage, kept that way.
+        # channels-last on uint8, before the float conversion (a no-op for the storage)
         return self.network(obs.contiguous(memory_format=torch.channels_last) / 255.0)
 
     def get_value(self, obs):
@@ -154,15 +152,14 @@ class Agent(nn.Module):
 
 
 def policy(obs, *, agent):
-    """Sampled actions, their log-probabilities and the values; `agent` is a detached view of the learner."""
+    """Sampled actions, their log-probabilities and the values."""
     action, log_prob, _, value = agent.get_action_and_value(obs)
     return action, log_prob, value
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1} with c_t = gamma lambda (1 - done_{t+1}), as a parallel scan:
-    after the round with offset s, A_t sums the next 2s deltas, so log2(T) rounds cover the rollout.
-    Shapes (T, num_envs); `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    """Advantages A_t = delta_t + c_t A_{t+1}, c_t = gamma lambda (1 - done_{t+1}), as a parallel scan of log2(T)
+    rounds; `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -176,7 +173,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
 
 
 class Batch(NamedTuple):
-    """Rollout tensors flattened over (step, env); a minibatch is the same with fewer rows."""
+    """Rollout tensors flattened over (step, env)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -210,7 +207,7 @@ def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
     ratio = logratio.exp()
     with torch.no_grad():
         old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()  # the low-variance estimator of KL(old || new)
+        approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
         advantages = (advantages - advantage_mean) / (advantage_std + 1e-8)
@@ -306,13 +303,11 @@ def signal_of_any_process(signum, group):
 
 
 def evaluate(agent, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs; with `video_folder`, the first env's game
-    recorded there. Actions are sampled: a greedy Atari policy can stall (in Breakout, by never firing a new ball)
-    until the 27k-step time limit."""
+    """True score of one whole game in each of --eval-episodes envs, actions sampled: a greedy policy can stall."""
     envs = make_envs(
         args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
     )
-    torch.manual_seed(args.seed)  # a checkpoint evaluates to the score its run reported
+    torch.manual_seed(args.seed)  # a checkpoint evaluates to its run's score
     obs, _ = envs.reset()
     video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
     returns = np.zeros(envs.num_envs)
@@ -388,19 +383,18 @@ if __name__ == "__main__":
         print("one process: torchrun starts several (torchrun --nproc-per-node N ppo_atari_multigpu.py ...)")
     torch.manual_seed(args.seed + 1_000_003 * rank)  # each process samples its own actions and minibatches
     flat_grads = gradients_in_one_buffer(agent)
-    agent_view = Agent(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    agent_view = Agent(num_actions).to("meta")  # the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
     ppo_loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
     loss_step = partial(loss_and_gradients, loss_fn=ppo_loss_step, flat_grads=flat_grads)
     apply_step = partial(apply_gradients, agent=agent, optimizer=optimizer, flat_grads=flat_grads, args=args)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, loss_step, apply_step = map(graphed, (policy_step, gae_step, loss_step, apply_step))
     epoch = partial(update_epoch, loss_step=loss_step, apply_step=apply_step, flat_grads=flat_grads, args=args)
@@ -439,7 +433,7 @@ if __name__ == "__main__":
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
                 rewards[step] = step_data[0]
                 next_done = step_data[1]
-                # the true score: info["reward"] is unclipped, info["terminated"] is the end of the game, not of a life
+                # the true score: info["reward"] is unclipped, info["terminated"] ends the game, not a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:  # the first writes its own
@@ -460,7 +454,7 @@ if __name__ == "__main__":
                     break  # one sync per epoch, the same decision in every process
             # logged: the means over the iteration's minibatches and over the processes
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
+            returns_var = batch.returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
             averaged = mean_over_processes(torch.stack(list(metrics.values())), group)
             metrics = dict(zip(metrics, averaged))

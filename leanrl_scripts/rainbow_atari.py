@@ -45,7 +45,7 @@ class Args(RunArgs):
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
     """envpool (its own Atari preprocessing) or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 only with --load-model: evaluate it)"""
     learning_rate: float = 6.25e-5
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -63,7 +63,7 @@ class Args(RunArgs):
     learning_starts: int = 80_000
     """environment steps before learning starts"""
     train_frequency: int = 4
-    """environment steps (all envs together) per update: batch_size / train_frequency samples per transition"""
+    """the frequency of training (environment steps per update)"""
     n_step: int = 3
     """the number of steps summed in a return before it bootstraps (1: one-step Q-learning)"""
     prioritized_replay_alpha: float = 0.5
@@ -87,10 +87,9 @@ class Args(RunArgs):
     exploration_fraction: float = 0.10
     """the fraction of `total_timesteps` it takes from start_e to end_e (with --no-noisy)"""
     measure_burnin: int = 50
-    """updates after learning starts that the speed figure leaves out (compilation, graph capture)"""
+    """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
 RANGES = Ranges(
     counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "n_step"),
     rates=("learning_rate", "tau", "exploration_fraction", "prioritized_replay_eps"),
@@ -99,7 +98,7 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # updates between metric reads: each read is one host sync
+LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 class EpisodicLife(gym.Wrapper):
@@ -493,7 +492,7 @@ if __name__ == "__main__":
     if args.n_atoms < 2 or not args.v_min < args.v_max:
         fail(f"the support needs --n-atoms of 2 or more (not {args.n_atoms}) and --v-min below --v-max")
     device = run.device
-    # every usable core: the envs and the network take turns, and the idle OpenMP pool sleeps (see the top)
+    # every usable core: the envs and the network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores())
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
@@ -526,8 +525,7 @@ if __name__ == "__main__":
         args.prioritized_replay_alpha,
         args.prioritized_replay_eps,
     )
-    # --compile compiles each piece's own function, its keyword arguments bound after: each keeps its own cache of
-    # graphs, and a graph break inside one resumes there (a compiled partial is one shared wrapper to dynamo)
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view, support=support)
     sample_step = partial(maybe_compile(rb.sample), args.batch_size)
@@ -535,7 +533,7 @@ if __name__ == "__main__":
         maybe_compile(rainbow_loss), q_network=q_network, target_network=target_network, support=support
     )
     update_step = partial(update, sample_fn=sample_step, loss_fn=loss_step, optimizer=optimizer, replay=rb)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graphs are captured
+    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
     rng = np.random.default_rng(args.seed)  # exploration (with --no-noisy): coins and random actions on the host
