@@ -412,6 +412,7 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // batch_size
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
+    any_signal = partial(signal_of_any_process, group=stop_group)
     run.start(write=rank == 0)  # the others write nothing and only note a signal, which stop_if_signalled shares
     with run.stoppable():
         for iteration in range(num_iterations):
@@ -421,7 +422,7 @@ if __name__ == "__main__":
             learning_rate.fill_(lr_now)
 
             for step in range(T):
-                stop_if_signalled(agree=partial(signal_of_any_process, group=stop_group))
+                stop_if_signalled(agree=any_signal)
                 obs[step] = next_obs
                 dones[step] = next_done
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)

@@ -35,7 +35,7 @@ MAX_TOKENS = {
     "ppo_atari_envpool.py": 2758,
     "ppo_atari_envpool_async.py": 2939,
     "ppo_atari_lstm.py": 3881,
-    "ppo_atari_multigpu.py": 3707,
+    "ppo_atari_multigpu.py": 3710,
     "dqn_atari.py": 3079,
     "dqn_atari_async.py": 5165,
     "impala_ray.py": 6734,
