@@ -146,12 +146,12 @@ class ReplayBuffer:
 
 
 def policy(obs, *, q_network):
-    """Greedy actions; `q_network` is a detached view of the learner."""
+    """Greedy actions."""
     return q_network(obs).argmax(-1)
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss of a batch, and its metrics."""
+    """The TD loss and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -161,7 +161,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
+    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -170,14 +170,13 @@ def update(*batch, loss_fn, optimizer):
 
 
 def epsilon_at(step, args):
-    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    """CleanRL's linear_schedule of epsilon."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
     return max(slope * step + args.start_e, args.end_e)
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits."""
+    """Host coins: the network runs only when some env exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -219,10 +218,10 @@ if __name__ == "__main__":
     check_fits(args.buffer_size * (2 * obs_dim + 3) * 4, device, "--buffer-size")
     q_network = QNetwork(obs_dim, num_actions).to(device)
     target_network = QNetwork(obs_dim, num_actions).to(device).requires_grad_(False)
-    q_view = QNetwork(obs_dim, num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    q_view = QNetwork(obs_dim, num_actions).to("meta")  # the learner's weights, shared, without grad
     from_module(q_network).data.to_module(q_view)
     q_view.requires_grad_(False)
-    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
+    # tensor lr, capturable Adam: CUDA graphs can replay the step
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"q_network": q_network, "optimizer": optimizer}, obs_dim=obs_dim, num_actions=num_actions)
@@ -230,16 +229,16 @@ if __name__ == "__main__":
     target_params = from_module(target_network)
     online_params = from_module(q_network).data
 
-    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    # compiled, then bound: one wrapper, one dynamo cache per function
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     loss_step = partial(maybe_compile(td_loss), q_network=q_network, target_network=target_network, gamma=args.gamma)
     update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
-    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
+    if run.cudagraphs:  # captured after warm-up calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
-    rng = np.random.default_rng(args.seed)  # exploration: coins and random actions are drawn on the host
+    rng = np.random.default_rng(args.seed)
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     num_updates = 0
     metrics = {}
@@ -259,7 +258,7 @@ if __name__ == "__main__":
             obs, global_step = next_obs, global_step + args.num_envs
             run.record_gymnasium_episodes(global_step, infos)
 
-            # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
+            # the updates these steps owe, at CleanRL's rate
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:
                 if num_updates == args.measure_burnin:
                     run.start_speed_measure(global_step)

@@ -1,9 +1,7 @@
-"""Deep Q-Network (DQN, Mnih et al. 2015) on Atari, with envpool or with ALE through gymnasium, one file.
+"""DQN (Mnih et al. 2015) on Atari (envpool, or ALE through gymnasium), one file.
 
-Memory: each frame is stored once and the 4-frame stacks are rebuilt at sample time (7 GB instead of 28 GB for 1e6
-steps; the cost is five gathers per batch), in preallocated device tensors. Speed: the acting network reads the
-learner's weights through a detached view, the exploration coins are drawn on the host, and the action step and the
-update take torch.compile and CUDA graphs. dqn_atari_async.py acts in a second process, behind a rate limiter.
+Frames are stored once and stacked at sample time (a quarter of the memory); the acting network is a detached view
+of the learner; the action step and the update take torch.compile and CUDA graphs.
     python leanrl_scripts/dqn_atari.py --env-id Breakout-v5 --compile
 """
 
@@ -14,13 +12,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the envs (or other programs)
-# need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# Before torch loads: idle OpenMP threads sleep (a wake-up per kernel), not spin on the envs' cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import cv2
-except ModuleNotFoundError:  # only the gymnasium back-end needs it; --help works without it
+except ModuleNotFoundError:  # for the gymnasium back-end only
     cv2 = None
 import gymnasium as gym
 import numpy as np
@@ -37,11 +34,11 @@ from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, st
 @dataclass
 class Args(RunArgs):
     env_id: str = "Breakout-v5"
-    """the Atari game, as envpool names it (Breakout-v5, Pong-v5, ...) for both back-ends"""
+    """the Atari game as envpool names it (Breakout-v5), either back-end"""
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
-    """envpool (its own Atari preprocessing) or gymnasium (ALE with this script's wrappers)"""
+    """envpool, or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
-    """total environment steps (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 with --load-model: evaluate only)"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -82,9 +79,7 @@ LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 class EpisodicLife(gym.Wrapper):
-    """A lost life ends the episode for the learner (no bootstrap past it) but not the game: reset() after a
-    lost life takes one no-op step instead of restarting. info gets the raw reward and the true end of the game,
-    as envpool's."""
+    """Lost lives end episodes, not the game; info keeps the raw reward and game end."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -110,7 +105,7 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """For games that wait for FIRE: press it (then action 2) after each reset."""
+    """Presses FIRE after a reset, for games that need it."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
@@ -122,34 +117,30 @@ class FireReset(gym.Wrapper):
 
 
 def make_gym_env(env_id, render=False):
-    """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, v5's 108k-frame time limit."""
+    """DQN preprocessing on ALE, at envpool's v5 settings."""
     env = gym.make(
         f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array" if render else None
     )
-    # 1 to 30 no-ops after a reset (varied starts), each action held 4 frames with the rewards summed and the last
-    # two frames max-pooled (sprites flicker), 84x84 greyscale
     env = EpisodicLife(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    env = gym.wrappers.TransformReward(env, np.sign)  # one learning rate fits every game's score scale
-    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")  # a reset fills all 4
+    env = gym.wrappers.TransformReward(env, np.sign)
+    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")
 
 
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
-    """Training envs of either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode;
-    info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends an
-    episode, the next step resets that env and is not a transition: with envpool after a lost life too (its action
-    ignored, no-ops and FIRE played, the frame stack kept), where CleanRL's wrappers reset within the step."""
+    """Training envs, a lost life ending an episode; the step after an episode's end is a reset, not a transition
+    (CleanRL's wrappers reset within the step)."""
     if backend == "envpool":
         try:
-            import envpool  # imported here: the gymnasium back-end runs without it
+            import envpool  # the gymnasium back-end runs without it
         except ModuleNotFoundError:
             fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
         if env_id not in envpool.list_all_envs():
             fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py, classic: dqn.py)")
-        threads = min(num_envs, usable_cores())  # one per env up to those: envpool's default counts the host's cores
+        threads = min(num_envs, usable_cores())  # envpool's default counts the host's cores
         game = dict(episodic_life=True, reward_clip=True, render_mode="rgb_array" if render else None)
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
     try:
@@ -163,14 +154,14 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         envs = gym.vector.SyncVectorEnv(
             [partial(make_gym_env, env_id, render)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
         )
-    except Exception as error:  # an unknown game, a missing ROM or package, an old version
+    except Exception as error:
         fail(f"unknown env id '{env_id}' on ALE, or it cannot be made (games look like Breakout-v5): {error}")
     envs.reset(seed=seed)
     return envs
 
 
 class QNetwork(nn.Module):
-    """The Nature DQN network; convolutions channels-last (mkldnn's NHWC kernels are the fast ones on CPU)."""
+    """The Nature DQN network, channels-last (mkldnn's fast CPU kernels)."""
 
     def __init__(self, num_actions):
         super().__init__()
@@ -192,28 +183,24 @@ class QNetwork(nn.Module):
 
 
 class FrameReplay:
-    """Replay storage with each frame once. Row t of env lane e holds the newest frame of that env's t-th observation,
-    the action, clipped reward and termination of its step, and two flags: `valid` (the step is a transition, not the
-    reset step after an episode's end) and `first` (the frame stack restarts here). The stacks of obs t and obs t+1 are
-    the frames of rows t+1, t, t-1, ... walked back and held at the first row: exactly what the env returned, for 1/4 of
-    the memory. Rows are used round-robin."""
+    """Replay storage with each frame once: row t of lane e holds env e's t-th frame, its step's action, reward,
+    termination, `valid` (not a reset step) and `first` (a stack starts)."""
 
     def __init__(self, buffer_size, num_envs, device, stack=4):
         self.buffer_rows = math.ceil(buffer_size / num_envs)
         self.stack = stack
-        rows = self.buffer_rows + stack  # + stack: the oldest sampled row still has its frames
-        # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
+        rows = self.buffer_rows + stack  # the oldest sampled row keeps its stack
+        # empty: pages fault in as rows fill; only written rows are read
         self.frames = torch.empty((rows, num_envs, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((rows, num_envs), dtype=torch.long, device=device)
         self.rewards, self.terminations = (torch.zeros((rows, num_envs), device=device) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool, device=device) for _ in range(2))
         self.next_valid = np.ones(num_envs, dtype=bool)
         self.next_first = np.ones(num_envs, dtype=bool)
-        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
+        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late
 
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
-        """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
-        them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
+        """`reset`: envs whose next step is a reset; `restart`: those whose stack restarts."""
         row = step % len(self.frames)
         flags = (self.next_valid, self.next_first)
         self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
@@ -222,10 +209,7 @@ class FrameReplay:
             column[row] = torch.as_tensor(value).to(column.device, column.dtype, non_blocking=True)
 
     def sample(self, steps, batch_size):
-        """A uniform batch of the valid transitions among the newest min(steps - 1, buffer_rows) rows of every
-        lane (`steps` rows written; the newest has no next frame yet): obs, actions, rewards, next_obs,
-        terminations. Twice the batch is drawn and the first valid ones kept: rejection sampling, exact unless
-        more than half the draws hit reset steps (about one row per episode)."""
+        """Uniform valid transitions: draw twice the batch, keep the first valid (exact unless over half are resets)."""
         rows = len(self.frames)
         lanes = self.frames.shape[1]
         age = torch.randint(0, min(steps - 1, self.buffer_rows), (2 * batch_size,), device=self.frames.device)
@@ -237,7 +221,7 @@ class FrameReplay:
         return obs, self.actions[row, lane], self.rewards[row, lane], next_obs, self.terminations[row, lane]
 
     def stacks(self, row, lane):
-        """The observation stacks of rows `row` and `row + 1` in lanes `lane`: (batch, stack, 84, 84) each."""
+        """Stacks of rows `row` and `row + 1`."""
         rows = len(self.frames)
         chain = [(row + 1) % rows]
         for _ in range(self.stack):
@@ -247,12 +231,12 @@ class FrameReplay:
 
 
 def policy(obs, *, q_network):
-    """Greedy actions; `q_network` is a detached view of the learner."""
+    """Greedy actions."""
     return q_network(obs).argmax(-1)
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss of a batch, and its metrics."""
+    """The TD loss and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -262,7 +246,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
+    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -271,14 +255,13 @@ def update(*batch, loss_fn, optimizer):
 
 
 def epsilon_at(step, args):
-    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    """CleanRL's linear_schedule of epsilon."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
     return max(slope * step + args.start_e, args.end_e)
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits."""
+    """Host coins: the network runs only when some env exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -287,14 +270,11 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
 
 
 def first_screen(envs):
-    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
 def evaluate(q_network, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol:
-    a greedy agent can stall (in Breakout, by never firing a new ball) until the time limit. With `video_folder`,
-    the first env's game is recorded there."""
+    """True scores at epsilon 0.05 (the DQN paper's protocol: a greedy agent can stall)."""
     envs = make_envs(
         args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
     )
@@ -327,18 +307,18 @@ if __name__ == "__main__":
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
-    # every usable core: the envs and the network take turns
+    # all usable cores: envs and network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores())
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
-    check_fits(args.buffer_size * (84 * 84 + 18), device, "--buffer-size")  # a frame, action, reward, done, 2 flags
+    check_fits(args.buffer_size * (84 * 84 + 18), device, "--buffer-size")
     q_network = QNetwork(num_actions).to(device)
     target_network = QNetwork(num_actions).to(device).requires_grad_(False)
-    q_view = QNetwork(num_actions).to("meta")  # acts with the learner's weights, shared and without grad
+    q_view = QNetwork(num_actions).to("meta")  # the learner's weights, shared, without grad
     from_module(q_network).data.to_module(q_view)
     q_view.requires_grad_(False)
-    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
+    # tensor lr, capturable Adam: CUDA graphs can replay the step
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"q_network": q_network, "optimizer": optimizer}, num_actions=num_actions)
@@ -346,16 +326,16 @@ if __name__ == "__main__":
     target_params = from_module(target_network)
     online_params = from_module(q_network).data
 
-    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    # compiled, then bound: one wrapper, one dynamo cache per function
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     loss_step = partial(maybe_compile(td_loss), q_network=q_network, target_network=target_network, gamma=args.gamma)
     update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
-    if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
+    if run.cudagraphs:  # captured after warm-up calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
     rb = FrameReplay(args.buffer_size, args.num_envs, device)
-    rng = np.random.default_rng(args.seed)  # exploration: coins and random actions are drawn on the host
+    rng = np.random.default_rng(args.seed)
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     scores = np.zeros(args.num_envs)
     lengths = np.zeros(args.num_envs, int)
@@ -373,17 +353,17 @@ if __name__ == "__main__":
                 envs.step, actions.astype(np.int32)
             )
             game_over = infos["terminated"].astype(bool) | truncations
-            reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
+            reset = terminations | truncations  # see make_envs
             restart = game_over if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
             rb.add(iteration, obs, actions, rewards, terminations, reset, restart)
             obs, global_step = next_obs, global_step + args.num_envs
-            scores, lengths = scores + infos["reward"], lengths + 1  # the true score: info["reward"] is unclipped
+            scores, lengths = scores + infos["reward"], lengths + 1  # info["reward"] is unclipped
             for score, length in zip(scores[game_over], lengths[game_over]):
                 run.record_episode(global_step, score, length)
             scores[game_over] = 0
             lengths[game_over] = 0
 
-            # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
+            # the updates these steps owe, at CleanRL's rate
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:
                 if num_updates == args.measure_burnin:
                     run.start_speed_measure(global_step)

@@ -1,10 +1,8 @@
-"""Deep Q-Network (DQN, Mnih et al. 2015) with an actor process, on Atari (envpool or ALE) or classic control, one file.
+"""DQN (Mnih et al. 2015) with an actor process, on Atari or classic control, one file.
 
-Speed: the actor plays in its own process (its own envs, a copy of the Q-network on the learner's device) while the
-learner trains; a rate limiter in the style of Reverb's SampleToInsertRatio holds gradient samples per inserted
-transition at batch_size / train_frequency, the synchronous scripts' rate (dqn_atari.py, dqn.py). Cost: shared-memory
-storage with a band of extra rows, and on CUDA a copy of it in device memory that the learner samples; runs are not
-bit-reproducible. The learner's update takes torch.compile and CUDA graphs.
+The actor plays into shared-memory replay while the learner trains; a rate limiter holds gradient samples per
+transition at batch_size / train_frequency. Cost: a band of extra rows (on CUDA, a device copy too); runs are not
+bit-reproducible.
     python leanrl_scripts/dqn_atari_async.py --env-id Breakout-v5 --compile
 """
 
@@ -22,13 +20,12 @@ from fractions import Fraction
 from functools import partial
 from typing import Literal
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the envs, the actor (or
-# other programs) need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# Before torch loads: idle OpenMP threads sleep (a wake-up per kernel), not spin on the actor's cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import cv2
-except ModuleNotFoundError:  # only the gymnasium back-end needs it; --help works without it
+except ModuleNotFoundError:  # for the gymnasium back-end only
     cv2 = None
 import gymnasium as gym
 import numpy as np
@@ -46,12 +43,11 @@ from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, st
 @dataclass
 class Args(RunArgs):
     env_id: str = "Breakout-v5"
-    """an Atari game as envpool names it (Breakout-v5, for both back-ends), or a gymnasium id with flat observations
-    (CartPole-v1: an MLP; pass CleanRL's dqn.py settings, these defaults are its dqn_atari.py's)"""
+    """an Atari game as envpool names it (Breakout-v5), or a flat-observation gymnasium id (CartPole-v1, an MLP)"""
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
-    """Atari: envpool (its own preprocessing) or gymnasium (ALE with this script's wrappers)"""
+    """Atari: envpool, or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
-    """total environment steps (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 with --load-model: evaluate only)"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -79,7 +75,7 @@ class Args(RunArgs):
     actor_sync_every: int = 10
     """updates between copies of the learner's weights to the actor"""
     replay_tolerance: float = 0.1
-    """how far the replay ratio may drift, as a fraction of learning_starts x replay ratio samples"""
+    """how far the replay ratio may drift, as a fraction of learning_starts x ratio samples"""
     measure_burnin: int = 50
     """updates the speed figure leaves out (compilation, graph capture)"""
 
@@ -96,9 +92,7 @@ LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 class EpisodicLife(gym.Wrapper):
-    """A lost life ends the episode for the learner (no bootstrap past it) but not the game: reset() after a
-    lost life takes one no-op step instead of restarting. info gets the raw reward and the true end of the game,
-    as envpool's."""
+    """Lost lives end episodes, not the game; info keeps the raw reward and game end."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -124,7 +118,7 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """For games that wait for FIRE: press it (then action 2) after each reset."""
+    """Presses FIRE after a reset, for games that need it."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
@@ -136,21 +130,19 @@ class FireReset(gym.Wrapper):
 
 
 def make_gym_env(env_id, render=False):
-    """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, v5's 108k-frame time limit."""
+    """DQN preprocessing on ALE, at envpool's v5 settings."""
     env = gym.make(
         f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array" if render else None
     )
-    # 1 to 30 no-ops after a reset (varied starts), each action held 4 frames with the rewards summed and the last
-    # two frames max-pooled (sprites flicker), 84x84 greyscale
     env = EpisodicLife(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    env = gym.wrappers.TransformReward(env, np.sign)  # one learning rate fits every game's score scale
-    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")  # a reset fills all 4
+    env = gym.wrappers.TransformReward(env, np.sign)
+    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")
 
 
 def make_classic_env(env_id, render=False):
-    """A gymnasium env with flat observations, given a stack dimension of one: the frame storage serves it as is."""
+    """A flat-observation env, given a stack dimension of one."""
     env = gym.make(env_id, render_mode="rgb_array" if render else None)
     if not isinstance(env.action_space, gym.spaces.Discrete):
         fail(f"{env_id} has {env.action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
@@ -160,21 +152,19 @@ def make_classic_env(env_id, render=False):
 
 
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
-    """Atari, either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode; info["reward"]
-    is the unclipped reward and info["terminated"] the end of the game. A gymnasium id: classic control, one frame.
-    After the step that ends an episode the next step resets that env and is not a transition: with envpool after a
-    lost life too (its action ignored, no-ops and FIRE played, the frame stack kept)."""
+    """Atari (a lost life ending an episode) or classic control; the step after an episode's end is a reset, not a
+    transition."""
     classic = env_id in gym.registry
     if not classic and backend == "envpool":
         try:
-            import envpool  # imported here: the other envs run without it
+            import envpool  # the other envs run without it
         except ModuleNotFoundError:
             fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
         if env_id not in envpool.list_all_envs():
             fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1)")
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py)")
-        threads = min(num_envs, usable_cores())  # one per env up to those: envpool's default counts the host's cores
+        threads = min(num_envs, usable_cores())  # envpool's default counts the host's cores
         game = dict(episodic_life=True, reward_clip=True, render_mode="rgb_array" if render else None)
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
     if not classic:
@@ -188,20 +178,19 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
     try:
         make_env = partial(make_classic_env if classic else make_gym_env, env_id, render)
         envs = gym.vector.SyncVectorEnv([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    except Exception as error:  # an unknown ALE game, a missing ROM or package, an old version
+    except Exception as error:
         fail(f"unknown env id '{env_id}', or it cannot be made: {error}")
     envs.reset(seed=seed)
     return envs
 
 
 def game_over(infos, terminations, truncations):
-    """The end of a whole game: on Atari info["terminated"] (an episode ends at each lost life), else the episode's."""
+    """The end of a whole game: on Atari info["terminated"], else the episode's."""
     return np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
 
 
 class QNetwork(nn.Module):
-    """The Nature DQN network on Atari frames (channels-last: mkldnn's NHWC kernels are the fast ones on CPU), or
-    CleanRL's MLP 120-84 on a stack of one flat observation."""
+    """The Nature DQN network, channels-last (mkldnn's fast CPU kernels), or CleanRL's MLP on a stack of one."""
 
     def __init__(self, obs_shape, num_actions):
         super().__init__()
@@ -236,43 +225,38 @@ class QNetwork(nn.Module):
 
 
 class FrameReplay:
-    """Replay storage with each frame once, in shared memory. Row t of env lane e holds the newest frame of that env's
-    t-th observation, the action, clipped reward and termination of its step, and two flags: `valid` (the step is a
-    transition, not the reset step after an episode's end) and `first` (the frame stack restarts here). The stacks of
-    obs t and obs t+1 are the frames of rows t+1, t, t-1, ... walked back and held at the first row: exactly what the
-    env returned, for 1/4 of the memory on Atari. Rows are used round-robin, with `extra_rows` beyond buffer_size that
-    the actor may write while the learner gathers a batch, so that none is read half-written."""
+    """Replay storage with each frame once, in shared memory: row t of lane e holds env e's t-th frame, its step's
+    action, reward, termination, `valid` (not a reset step) and `first` (a stack starts). `extra_rows` take the
+    actor's writes while the learner gathers a batch."""
 
     columns = ("frames", "actions", "rewards", "terminations", "valid", "first")
 
     def __init__(self, buffer_size, num_envs, obs_shape, frame_dtype, extra_rows):
         self.buffer_rows = math.ceil(buffer_size / num_envs)
         self.stack = obs_shape[0]
-        rows = self.buffer_rows + extra_rows + self.stack  # + stack: the oldest sampled row still has its frames
-        # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
+        rows = self.buffer_rows + extra_rows + self.stack  # the oldest sampled row keeps its stack
+        # empty: pages fault in as rows fill; only written rows are read
         self.frames = torch.empty((rows, num_envs, *obs_shape[1:]), dtype=frame_dtype)
         self.actions = torch.zeros((rows, num_envs), dtype=torch.long)
         self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
         self.next_valid = np.ones(num_envs, dtype=bool)
         self.next_first = np.ones(num_envs, dtype=bool)
-        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
+        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late
         for name in self.columns:
             getattr(self, name).share_memory_()
 
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
-        """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
-        them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
+        """`reset`: envs whose next step is a reset; `restart`: those whose stack restarts."""
         row = step % len(self.frames)
         flags = (self.next_valid, self.next_first)
         self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
         for name, value in zip(self.columns, (obs[:, -1], actions, rewards, terminations, *flags)):
-            getattr(self, name).numpy()[row] = value  # numpy's assignment: a third of torch's per-call cost
+            getattr(self, name).numpy()[row] = value  # numpy's assignment costs less per call than torch's
 
     def mirror(self, device):
-        """An empty copy of this storage on `device`, which the learner samples once catch_up has filled it: on CUDA,
-        gathering each batch's stacks on the host and copying them over (1.8 MB on Atari) had taken 3.5 ms an update,
-        twice dqn_atari.py's update and env step with its storage on the GPU (4 envs, an H200 machine)."""
+        """An empty copy on `device`, filled by catch_up, for the learner to sample: gathering batches on the host
+        and copying them over had bound the run on CUDA."""
         mirror = copy.copy(self)
         for name in self.columns:
             setattr(mirror, name, torch.zeros_like(getattr(self, name), device=device))
@@ -280,14 +264,13 @@ class FrameReplay:
         return mirror
 
     def catch_up(self, source, steps):
-        """Copy from `source` (the shared storage) the rows of vector steps self.copied to steps - 1, the whole
-        rows the actor has counted as inserted. Rows that wrap are copied in two blocks."""
+        """Copies in the rows of vector steps self.copied to steps - 1 from `source`."""
         rows = len(self.frames)
         start = max(self.copied, steps - len(self.frames))
         while start < steps:
             row = start % rows
             block = slice(row, row + min(steps - start, rows - row))
-            for name in self.columns:  # pinned on CUDA: a copy from pageable memory first waits for the GPU's queue
+            for name in self.columns:  # pinned on CUDA: a pageable copy waits for the GPU's queue
                 new_rows = getattr(source, name)[block]
                 new_rows = new_rows.pin_memory() if self.frames.is_cuda else new_rows
                 getattr(self, name)[block].copy_(new_rows, non_blocking=True)
@@ -295,10 +278,7 @@ class FrameReplay:
         self.copied = steps
 
     def sample(self, steps, batch_size):
-        """A uniform batch of the valid transitions among the newest min(steps - 1, buffer_rows) rows of every
-        lane (`steps` rows written; the newest has no next frame yet), on the storage's device: obs, actions,
-        rewards, next_obs, terminations. Twice the batch is drawn and the first valid ones kept: rejection
-        sampling, exact unless more than half the draws hit reset steps (about one row per episode)."""
+        """Uniform valid transitions: draw twice the batch, keep the first valid (exact unless over half are resets)."""
         rows = len(self.frames)
         lanes = self.frames.shape[1]
         age = torch.randint(0, min(steps - 1, self.buffer_rows), (2 * batch_size,), device=self.frames.device)
@@ -310,7 +290,7 @@ class FrameReplay:
         return obs, self.actions[row, lane], self.rewards[row, lane], next_obs, self.terminations[row, lane]
 
     def stacks(self, row, lane):
-        """The observation stacks of rows `row` and `row + 1` in lanes `lane`: (batch, stack, *frame) each."""
+        """Stacks of rows `row` and `row + 1`."""
         rows = len(self.frames)
         chain = [(row + 1) % rows]
         for _ in range(self.stack):
@@ -321,8 +301,7 @@ class FrameReplay:
 
 @contextmanager
 def hold_lock(lock, other_alive):
-    """`lock` (the actor's weights), checking every second while waiting for it that the other process lives:
-    a process killed while holding a lock never releases it."""
+    """`lock`, checking each second that the other process lives: one killed holding it never releases it."""
     while not lock.acquire(timeout=1.0):
         if not other_alive():
             raise ChildProcessError("the other side of the replay storage stopped")
@@ -333,19 +312,13 @@ def hold_lock(lock, other_alive):
 
 
 class Counts(ctypes.Structure):
-    """The limiter's state; in shared memory between the learner and the actor process."""
-
     _fields_ = [("inserts", ctypes.c_int64), ("samples", ctypes.c_int64), ("closed", ctypes.c_bool)]
 
 
 class RateLimiter:
-    """Reverb's SampleToInsertRatio. With diff = inserts x samples_per_insert - samples, an insert waits while it
-    would push diff above min_size x samples_per_insert + error_buffer; a sample waits until min_size transitions
-    are in and while it would pull diff below min_size x samples_per_insert - error_buffer. The ratio is kept as a
-    fraction p / q and diff scaled by q, so the arithmetic is exact integers. Each counter has one writer (inserts:
-    the actor, samples: the learner), so no mutex guards them: a waiting side sleeps on a semaphore that the other
-    side posts after each step and re-checks its condition (a condition variable without the mutex: a process killed
-    mid-step leaves no lock held); the one-second timeout checks that the other side lives, and for a signal."""
+    """Reverb's SampleToInsertRatio: diff = inserts x spi - samples stays within min_size x spi +- error_buffer
+    (scaled by q, spi = p / q: exact integers); samples wait for min_size inserts. Counts in shared memory, one
+    writer each, so no mutex: a waiting side sleeps on a semaphore the other posts (a killed process holds no lock)."""
 
     def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
         ratio = Fraction(samples_per_insert)
@@ -380,13 +353,13 @@ class RateLimiter:
         )
 
     def _wait(self, ready, posted, other_alive):
-        """True once `ready()`; False if the limiter is closed first (the run ends, or the other side failed)."""
+        """True once `ready()`, False if closed first; checks each second that the other side lives."""
         while not ready():
             if self.counts.closed:
                 return False
             if not posted.acquire(timeout=1.0) and not other_alive():
                 raise ChildProcessError("the other side of the replay storage stopped")
-            stop_if_signalled()  # Ctrl-C in the learner while it waits (the actor process ignores it)
+            stop_if_signalled()  # Ctrl-C while waiting (the actor ignores it)
         return True
 
     def add_inserts(self, n):
@@ -404,12 +377,12 @@ class RateLimiter:
 
 
 def policy(obs, *, q_network):
-    """Greedy actions; `q_network` is the actor's copy, or the learner's network at evaluation."""
+    """Greedy actions."""
     return q_network(obs).argmax(-1)
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss of a batch, and its metrics."""
+    """The TD loss and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -419,7 +392,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
+    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -428,14 +401,13 @@ def update(*batch, loss_fn, optimizer):
 
 
 def epsilon_at(step, args):
-    """The linear schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    """CleanRL's linear_schedule of epsilon."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
     return max(slope * step + args.start_e, args.end_e)
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits."""
+    """Host coins: the network runs only when some env exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -444,8 +416,7 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
 
 
 class DeviceCopy:
-    """The actor's network on a GPU, copied from the shared CPU copy (`shared`) when the learner has written new
-    weights there (`version` counts the writes): 6.7 MB host to device every --actor-sync-every updates on Atari."""
+    """The actor's GPU network, refreshed from the `shared` CPU copy when `version` moves."""
 
     def __init__(self, shared, version, device):
         self.network = copy.deepcopy(shared).to(device)
@@ -461,18 +432,14 @@ class DeviceCopy:
 
 
 def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, device):
-    """The actor process: epsilon-greedy vector steps into the storage, each when the limiter lets it, acting with
-    `q_network` (a CPU copy in shared memory the learner refreshes under `weights_lock`), or on CUDA with its own
-    copy on the GPU; finished games' true scores and lengths, its env time so far and any error go to `reports`. It
-    starts with Ctrl-C ignored (see ActorProcess)."""
-    parent_alive = mp.parent_process().is_alive  # the learner: also right when it died while this process started
+    """The actor process: epsilon-greedy steps into the storage as the limiter allows; scores, env time and errors
+    go to `reports`."""
+    parent_alive = mp.parent_process().is_alive  # right even if it died while this one started
     try:
         torch.set_num_threads(1)  # one core plays, the others train
         envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
-        # With a CPU copy the actor played 409 SPS on Breakout on an H200 machine's slower cores (1.1 ms of its 2.4
-        # ms a step in the env), below the 556 of the synchronous loop that acts on the GPU (docs/dqn.md): with CUDA
-        # it acts on the GPU too, at the cost of a CUDA context of its own. Eager even with --compile: on one CPU
-        # thread the compiled forward measured no faster, and compiling here would hold the learner for a cold compile.
+        # On CUDA it acts on the GPU (its own CUDA context), faster than on a CPU copy. Eager: compiled it was no
+        # faster on one thread, and a cold compile here would hold the learner up.
         device_copy = DeviceCopy(q_network, version, device) if device.type == "cuda" else None
         acting_device = device if device_copy else torch.device("cpu")
         acting = device_copy.network if device_copy else q_network
@@ -495,11 +462,11 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
             next_obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
             env_seconds += time.perf_counter() - env_start
             ended = game_over(infos, terminations, truncations)
-            reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
+            reset = terminations | truncations  # see make_envs
             restart = ended if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
             rb.add(step, obs, actions, rewards, terminations, reset, restart)
             limiter.add_inserts(args.num_envs)  # after the row is written: the learner may sample it now
-            scores, lengths = scores + infos.get("reward", rewards), lengths + 1  # info["reward"]: the unclipped score
+            scores, lengths = scores + infos.get("reward", rewards), lengths + 1  # info["reward"] is unclipped
             if ended.any():
                 games = [((step + 1) * args.num_envs, *game) for game in zip(scores[ended], lengths[ended])]
                 reports.put(("games", games, env_seconds))
@@ -515,11 +482,7 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
 
 
 class ActorProcess:
-    """The actor in its own process (spawned: fork would copy the learner's threads and locks mid-flight).
-    load_weights() copies the learner's weights to its shared CPU copy (the actor copies them on to its GPU copy on
-    CUDA); drain() passes its reports to the run;
-    stop() waits for it to exit, draining meanwhile (a process with unread queue data cannot exit), then ends it if
-    it has not: no process outlives the run."""
+    """The actor in its own process, spawned: fork would copy the learner's threads and locks mid-flight."""
 
     def __init__(self, ctx, args, rb, limiter, q_network, device):
         self.limiter = limiter
@@ -528,20 +491,19 @@ class ActorProcess:
         self.error = None
         self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
         self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
-        self.version = ctx.Value("Q", 0, lock=False)  # weight writes so far, read and written under weights_lock
+        self.version = ctx.Value("Q", 0, lock=False)  # weight writes so far, under weights_lock
         self.process = ctx.Process(
             target=run_actor,
             daemon=True,
             args=(args, rb, limiter, self.q_network, self.version, self.weights_lock, self.reports, device),
         )
-        # Ctrl-C reaches the whole process group; the actor ignores it (from its start: an interrupt while it
-        # still imports would print the import's traceback) and the learner stops it.
+        # Ctrl-C reaches the process group: the actor ignores it from its start; the learner stops it.
         sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.process.start()
         signal.signal(signal.SIGINT, sigint)
 
     def alive(self):
-        return self.process.exitcode in (None, 0)  # 0: it has played all its steps, the updates it is owed remain
+        return self.process.exitcode in (None, 0)  # 0: done playing; the updates it is owed remain
 
     def load_weights(self, params):
         if not self.alive():
@@ -551,7 +513,7 @@ class ActorProcess:
             self.version.value += 1
 
     def drain(self, run):
-        """Finished games to the run, and the actor's env time since the last drain to the run's env time."""
+        """The actor's reports to the run."""
         while not self.reports.empty():
             kind, *content = self.reports.get()
             if kind == "error":
@@ -564,6 +526,7 @@ class ActorProcess:
             self.env_seconds = env_seconds
 
     def stop(self, run, timeout=5):
+        """Waits for the actor to exit, draining (unread queue data blocks an exit), then ends it."""
         deadline = time.monotonic() + timeout
         while self.process.is_alive() and time.monotonic() < deadline:
             self.drain(run)
@@ -575,7 +538,7 @@ class ActorProcess:
         self.drain(run)
 
     def failure(self):
-        """Why the actor stopped: the last line of its error, else its exit code or signal."""
+        """Why the actor stopped."""
         code = self.process.exitcode
         if self.error:
             return self.error.strip().splitlines()[-1]
@@ -583,20 +546,17 @@ class ActorProcess:
 
 
 def first_screen(envs):
-    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
 @torch.no_grad()
 def evaluate(q_network, args, device, video_folder=None):
-    """Score of the first whole game in each of --eval-episodes envs: greedy on classic control; on Atari the true
-    score at epsilon 0.05, the DQN paper's protocol (a greedy agent can stall, in Breakout by never firing a new
-    ball, until the time limit). With `video_folder`, the first env's game is recorded there."""
+    """Scores of whole games: greedy on classic control, on Atari at epsilon 0.05 (a greedy agent can stall)."""
     envs = make_envs(
         args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
     )
     obs, _ = envs.reset()
-    # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
+    # an Atari step is 4 frames at 60 Hz
     fps = 15 if q_network.pixels else envs.envs[0].metadata.get("render_fps", 30)
     video = game_mp4(video_folder, first_screen(envs), fps) if video_folder else None
     rng = np.random.default_rng(args.seed)
@@ -629,20 +589,20 @@ if __name__ == "__main__":
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
 
-    envs = make_envs(args.env_id, 1, args.seed, args.env_backend)  # its spaces; the actor makes its own envs
+    envs = make_envs(args.env_id, 1, args.seed, args.env_backend)  # for its spaces; the actor makes its own
     obs_space = getattr(envs, "single_observation_space", envs.observation_space)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     envs.close()
     q_network = QNetwork(obs_space.shape, num_actions).to(device)
-    # the usable cores less the actor process's; one for an MLP (waking threads costs it more than the math)
+    # the usable cores less the actor's; one for an MLP, too small to share
     tune_cpu(args.torch_threads, device, threads=usable_cores() - 1 if q_network.pixels else 1)
     frame_dtype = torch.uint8 if q_network.pixels else torch.float32
-    # a transition: a stored frame, its action, reward, termination and two flags, in host memory (and on CUDA's GPU)
+    # in host memory and, on CUDA, the GPU
     frame_bytes = math.prod(obs_space.shape[1:]) * frame_dtype.itemsize
     for storage_device in {torch.device("cpu"), device}:
         check_fits(args.buffer_size * (frame_bytes + 18), storage_device, "--buffer-size")
     target_network = QNetwork(obs_space.shape, num_actions).to(device).requires_grad_(False)
-    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
+    # tensor lr, capturable Adam: CUDA graphs can replay the step
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
     run.save_and_load(
@@ -652,26 +612,23 @@ if __name__ == "__main__":
     target_params = from_module(target_network)
     online_params = from_module(q_network).data
 
-    # --compile compiles the learner's loss (the actor process acts eagerly, see run_actor): the function itself, its
-    # keyword arguments bound after, so a graph break inside it resumes there
+    # --compile: the learner's loss only (the actor acts eagerly), compiled, then bound
     loss_fn = torch.compile(td_loss) if args.compile else td_loss
     loss_step = partial(loss_fn, q_network=q_network, target_network=target_network, gamma=args.gamma)
     update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
-    if run.cudagraphs:  # the first calls compile and initialise Adam's state, then the graph is captured
+    if run.cudagraphs:  # captured after warm-up calls (compilation, Adam's state)
         update_step = CudaGraphModule(update_step, warmup=5)
 
     ctx = mp.get_context("spawn")
-    # Updates are owed at batch_size / train_frequency gradient samples per transition after learning_starts; the
-    # band must fit one actor step and one batch, or each side could wait on the other forever.
+    # The band must fit one actor step and one batch, or each side could wait on the other forever.
     replay_ratio = Fraction(args.batch_size, args.train_frequency)
     tolerance = args.replay_tolerance * args.learning_starts * replay_ratio
     error_buffer = float(max(tolerance, args.num_envs * replay_ratio + args.batch_size))
     limiter = RateLimiter(replay_ratio, args.learning_starts, error_buffer, ctx)
-    # While the learner gathers a batch the actor can insert at most this many transitions (then the band stops
-    # it): rows beyond buffer_size keep them from overwriting anything the batch may read.
+    # The most rows the actor can write while the learner gathers a batch (the band then stops it).
     extra_rows = math.ceil(2 * error_buffer / replay_ratio / args.num_envs) + 1
     rb = FrameReplay(args.buffer_size, args.num_envs, obs_space.shape, frame_dtype, extra_rows)
-    played = args.total_timesteps // args.num_envs * args.num_envs  # whole vector steps
+    played = args.total_timesteps // args.num_envs * args.num_envs
     total_updates = max(0, played - args.learning_starts) // args.train_frequency
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     num_updates = 0
@@ -682,13 +639,13 @@ if __name__ == "__main__":
     sampled = rb.mirror(device) if device.type == "cuda" else rb  # after the actor process has taken its rb
     try:
         with run.stoppable():
-            while num_updates < total_updates:  # the updates owed end the run; the actor may play a few steps after
+            while num_updates < total_updates:  # the updates owed end the run
                 stop_if_signalled()
                 wait_start = time.perf_counter()
                 if not limiter.await_sample(args.batch_size, actor.alive):  # closed, and updates are still owed
                     raise ChildProcessError("the actor stopped")
                 wait_seconds += time.perf_counter() - wait_start
-                if num_updates == args.measure_burnin:  # the steady phase starts: compilation and capture are done
+                if num_updates == args.measure_burnin:
                     actor.drain(run)
                     run.start_speed_measure(limiter.inserts)
                     wait_seconds = 0.0
@@ -708,7 +665,7 @@ if __name__ == "__main__":
                     step = limiter.inserts
                     replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
                     run.log(step, metrics, charts=dict(epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now))
-            actor.stop(run, timeout=60)  # every update is done: the actor plays its last steps (the band lets it)
+            actor.stop(run, timeout=60)  # every update done: the actor plays its last steps
     except ChildProcessError:
         actor.stop(run)
         print(f"error: the actor process died ({actor.failure()}); the learner stops", file=sys.stderr)
