@@ -1,9 +1,7 @@
-"""PPO with an LSTM policy on Atari (envpool), one file.
+"""PPO (Schulman et al. 2017) with an LSTM policy on Atari, one file.
 
-Speed: the update runs the LSTM once per minibatch, not once per time step. Each env's rollout is cut at its
-episode starts into segments, the segments are padded into one [num_steps, segments] batch, and each starts
-from the stored rollout state or from zeros, so one LSTM call gives exactly the per-step loop's numbers
-(`--lstm-impl loop` keeps that loop as the reference). Cost: the padded steps, reported in the summary.
+Speed: the update runs the LSTM once per minibatch, over its episode segments padded into one batch
+(`--lstm-impl loop`: CleanRL's per-step loop). Cost: the padded steps.
     python leanrl_scripts/ppo_atari_lstm.py --env-id Breakout-v5 --compile
 """
 
@@ -14,12 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that envpool's workers (or other
-# programs) need. It costs a wake-up (tens of microseconds) per parallel kernel, and the LSTM runs its small kernels
-# back to back, so libgomp's threads first spin 30,000 rounds (microseconds) and catch the next one: 1.2x the SPS
-# padded (medians) and 1.7x with the loop on an idle 2-core CPU. Beside busy programs that spin takes their time
-# slices instead (0.55x, docs/ppo_lstm.md): there, run with GOMP_SPINCOUNT=0. A fixed default, so that a run's speed
-# does not hang on what else ran as it started; the summary records it. libgomp reads both once, when torch loads it.
+# Idle OpenMP threads free envpool's cores after a short spin that catches the LSTM's small kernels (busy machine:
+# GOMP_SPINCOUNT=0); set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
@@ -42,31 +36,31 @@ class Args(RunArgs):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 with --load-model: evaluate only)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel environments"""
     num_steps: int = 128
-    """the number of steps per env per rollout"""
+    """the steps per env per rollout"""
     lstm_impl: Literal["padded", "loop"] = "padded"
-    """padded: one LSTM call over the episode segments of a minibatch; loop: one call per time step"""
+    """padded: one LSTM call per minibatch; loop: one per step"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run"""
+    """anneal the learning rate linearly to 0"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of mini-batches (each holds num_envs / num_minibatches whole env rows)"""
+    """the number of mini-batches (of whole env rows)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """normalize the advantages (per minibatch)"""
+    """normalize the advantages"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
-    """use a clipped loss for the value function"""
+    """clip the value loss"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -74,9 +68,9 @@ class Args(RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL: an iteration's epochs stop above it (None: never)"""
+    """the target KL divergence (None: off)"""
     measure_burnin: int = 1
-    """iterations the speed figure leaves out (compilation, graph capture)"""
+    """iterations left out of the speed figure"""
 
 
 RANGES = Ranges(
@@ -88,10 +82,7 @@ RANGES = Ranges(
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
-    """envpool's Atari preprocessing with one frame per observation (memory is the LSTM's job, as in CleanRL).
-    Training envs end an episode at each lost life and clip rewards to their sign; info["reward"] keeps the
-    true score. One worker thread per env, up to the usable cores: envpool's default counts every core of the
-    host, quota or not."""
+    """envpool's Atari preprocessing on one frame; training envs end episodes at lost lives, clip rewards."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -108,7 +99,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN network on one frame, an LSTM(512, 128), and a policy head and a value head on its output."""
+    """The Nature DQN network on one frame, an LSTM, and policy and value heads."""
 
     def __init__(self, num_actions):
         super().__init__()
@@ -122,7 +113,7 @@ class Agent(nn.Module):
             nn.Flatten(),
             layer_init(nn.Linear(64 * 7 * 7, 512)),
             nn.ReLU(),
-        ).to(memory_format=torch.channels_last)  # on CPU, mkldnn's NHWC kernels halve the convolutions' backward
+        ).to(memory_format=torch.channels_last)
         self.lstm = nn.LSTM(512, 128)
         for name, param in self.lstm.named_parameters():
             if "bias" in name:
@@ -133,26 +124,22 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(128, 1), std=1.0)
 
     def features(self, obs):
-        """(T, B, 1, 84, 84) uint8 frames -> (T, B, 512)."""
         frames = obs.flatten(0, 1).contiguous(memory_format=torch.channels_last) / 255.0
         return self.network(frames).view(*obs.shape[:2], -1)
 
     def heads(self, hidden, action=None):
-        """Categorical policy written out (torch.distributions checks its arguments with host syncs)."""
+        """Categorical policy written out: torch.distributions syncs the host."""
         log_probs = self.actor(hidden).log_softmax(-1)
-        if action is None:  # Gumbel-max sampling: argmax(log p - log E), E ~ Exp(1)
+        if action is None:  # Gumbel-max sampling
             action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         return action, log_probs.gather(-1, action[..., None]).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
 
 
-# The update's LSTM, in both forms, runs eagerly under --compile, a graph break between the compiled code before and
-# after it: traced, the LSTM would be unrolled over the rollout's steps (cuDNN runs them in one call). The policy's
-# single step is traced into its graph (it measured 0.90-0.92x the eager policy step compiled, 1.02-1.03x kept out).
+# Eager under --compile: traced, the LSTM is unrolled over the steps cuDNN runs in one call.
 @torch.compiler.disable
 def lstm_loop(lstm, features, h, c, starts):
-    """CleanRL's per-step LSTM: the state is zeroed before each step whose observation starts an episode.
-    features (T, B, 512), starts (T, B), states (1, B, 128). Returns the outputs (T, B, 128) and the last state."""
+    """CleanRL's per-step LSTM: the state is zeroed where an episode starts."""
     outputs = []
     for feature, start in zip(features, starts):
         keep = (1.0 - start).view(1, -1, 1)
@@ -163,8 +150,7 @@ def lstm_loop(lstm, features, h, c, starts):
 
 @torch.compiler.disable
 def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
-    """The same outputs from one LSTM call over left-aligned episode segments (see `segment_layout`).
-    Row T*B of the flattened features and row B of the states are the zeros that padding reads."""
+    """The same outputs from one LSTM call over padded episode segments (zero rows for padding)."""
     num_steps, batch = features.shape[:2]
     flat_features = torch.cat([features.flatten(0, 1), features.new_zeros(1, features.shape[-1])])
     initial_h = torch.cat([h[0], h.new_zeros(1, h.shape[-1])])[state_index]
@@ -174,45 +160,38 @@ def lstm_padded(lstm, features, h, c, frame_index, state_index, output_index):
 
 
 def segment_layout(starts):
-    """Host-side plan for `lstm_padded`, from the episode starts (T, B) of the minibatch's env rows. Every column
-    is cut where an episode starts; segment s is padded column s of a (T, S_pad) batch, S_pad the next power of
-    two of the segment count, so compiled code and CUDA graphs see few shapes. Padding costs
-    (S_pad - B) x T x (512 inputs + the LSTM's activations) floats per minibatch.
-    Returns frame_index (T, S_pad) into the flattened (t * B + b) features, T*B for padding; state_index
-    (S_pad,): the env whose stored state starts the segment, B for zeros; output_index (T*B,) into the
-    flattened (position * S_pad + segment) outputs."""
+    """Host-side plan for `lstm_padded`: episode segments as columns of a (T, S_pad) batch, S_pad a power of two for
+    few compiled shapes and CUDA graphs. Padding costs (S_pad - B) x T x (512 + LSTM activations) floats."""
     num_steps, batch = starts.shape
     cuts = starts.astype(bool)
-    cuts[0] = True  # every column opens a segment at t=0, from the stored state unless starts[0] says zeros
-    segment = np.cumsum(cuts.T.ravel()).reshape(batch, num_steps).T - 1  # (T, B): segment of each step
+    cuts[0] = True
+    segment = np.cumsum(cuts.T.ravel()).reshape(batch, num_steps).T - 1
     num_segments = segment[-1, -1] + 1
     padded_segments = max(batch, 1 << int(num_segments - 1).bit_length())
     start_time = np.zeros(num_segments, dtype=np.int64)
     times, envs = np.nonzero(cuts)
     start_time[segment[times, envs]] = times
-    position = np.arange(num_steps)[:, None] - start_time[segment]  # (T, B): step within its segment
+    position = np.arange(num_steps)[:, None] - start_time[segment]
     frame_index = np.full((num_steps, padded_segments), num_steps * batch, dtype=np.int64)
     frame_index[position, segment] = np.arange(num_steps * batch).reshape(num_steps, batch)
     state_index = np.full(padded_segments, batch, dtype=np.int64)
-    first = ~starts[0].astype(bool)  # columns whose first segment continues the stored state
+    first = ~starts[0].astype(bool)  # envs that continue the stored state
     state_index[segment[0, first]] = np.nonzero(first)[0]
     output_index = (position * padded_segments + segment).ravel()
     return frame_index, state_index, output_index
 
 
 def policy(obs, h, c, start, *, agent):
-    """One step for every env: sampled actions, their log-probabilities, the values and the next LSTM state.
-    `agent` is a detached view of the learner."""
-    with torch.no_grad():  # the view's LSTM is the learner's own (see the view): no graph is recorded
-        keep = (1.0 - start).view(1, -1, 1)  # lstm_loop's one step: the state is zeroed where an episode starts
+    """One step for every env: actions, log-probabilities, values and the next LSTM state."""
+    with torch.no_grad():  # the view's LSTM is the learner's own
+        keep = (1.0 - start).view(1, -1, 1)
         hidden, (h, c) = agent.lstm(agent.features(obs[None]), (keep * h, keep * c))
         action, log_prob, _, value = agent.heads(hidden[0])
     return action, log_prob, value, h, c
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1}, c_t = gamma lambda (1 - done_{t+1}), as a parallel scan of log2(T)
-    rounds; `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    """GAE as a parallel scan of log2(T) rounds."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -225,9 +204,7 @@ def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
     return advantages, advantages + values
 
 
-# Whole env rows of the rollout: tensors (T, B, ...), the LSTM states they started from (1, B, 128), and their
-# segment layout (`segment_layout`; empty tensors for the loop). dones[t]: obs t ends an episode (the step from it is
-# envpool's reset step); starts[t]: obs t starts one.
+# Whole env rows, their first LSTM states and segment layout. dones[t]: obs t ends an episode; starts[t]: it starts one.
 Minibatch = namedtuple(
     "Minibatch",
     "obs dones starts initial_h initial_c actions logprobs advantages returns values "
@@ -236,9 +213,8 @@ Minibatch = namedtuple(
 
 
 def ppo_loss(minibatch, *, agent, args):
-    """The clipped PPO loss of a Minibatch over its steps but envpool's reset steps (after an episode's last frame,
-    the action ignored): they teach nothing, and CleanRL's wrappers, which reset within the ending step, never store
-    them. The padded LSTM's outputs are gathered back to (T, B), so padding never reaches a loss term."""
+    """The clipped-surrogate loss without envpool's reset steps (after an episode's last frame): CleanRL's wrappers
+    never store them."""
     features = agent.features(minibatch.obs)
     h = minibatch.initial_h
     c = minibatch.initial_c
@@ -253,12 +229,12 @@ def ppo_loss(minibatch, *, agent, args):
     returns = minibatch.returns
     values = minibatch.values
     kept = 1.0 - minibatch.dones  # 0 at the reset steps
-    weights = kept / kept.sum()  # means over the kept steps are (x * weights).sum()
+    weights = kept / kept.sum()  # a mean over kept steps: (x * weights).sum()
     logratio = new_logprob - minibatch.logprobs
     ratio = logratio.exp()
     with torch.no_grad():
         old_approx_kl = (-logratio * weights).sum()
-        approx_kl = (((ratio - 1) - logratio) * weights).sum()  # the low-variance estimator of KL(old || new)
+        approx_kl = (((ratio - 1) - logratio) * weights).sum()
         clipfrac = (((ratio - 1.0).abs() > args.clip_coef) * weights).sum()
     if args.norm_adv:
         centered = advantages - (advantages * weights).sum()
@@ -282,9 +258,7 @@ def ppo_loss(minibatch, *, agent, args):
 
 
 def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
-    """One step on `loss_fn`, the piece --compile compiles: its forward and backward are one graph each on each side
-    of the LSTM, while the backward call, the clipping and the fused Adam step, which dynamo does not trace, run
-    outside it. Metrics stay on the device."""
+    """One optimizer step on `loss_fn`, the compiled piece."""
     loss, metrics = loss_fn(minibatch)
     optimizer.zero_grad()
     loss.backward()
@@ -294,24 +268,21 @@ def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
 
 
 def to_device(array, device):
-    """A host array on `device` with no wait: a copy from pageable memory makes the host wait for the stream's
-    queued work, one from pinned memory is queued behind it (the caching host allocator hands the pinned block out
-    again only once the copy is done)."""
+    """A host array on `device`; pinned, its copy does not wait."""
     tensor = torch.from_numpy(array)
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 def evaluate(agent, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs, with sampled actions (a greedy Atari policy
-    can stall); with `video_folder`, the first env's game recorded there."""
+    """True score of one game per env, actions sampled: a greedy policy can stall."""
     envs = make_envs(
         args.env_id, args.eval_episodes, seed=args.seed + 10_000, training=False, render=video_folder is not None
     )
-    torch.manual_seed(args.seed)  # evaluation does not depend on what training drew
+    torch.manual_seed(args.seed)
     obs, _ = envs.reset()
-    video = game_mp4(video_folder, envs.render()[0]) if video_folder else None  # envpool renders env 0
+    video = game_mp4(video_folder, envs.render()[0]) if video_folder else None
     h = c = torch.zeros(1, envs.num_envs, agent.lstm.hidden_size, device=device)
-    no_start = torch.zeros(envs.num_envs, device=device)  # each env's first game counts: its state is never reset
+    no_start = torch.zeros(envs.num_envs, device=device)  # one game: never reset
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
@@ -344,29 +315,27 @@ if __name__ == "__main__":
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (num_envs x num_steps = {batch_size})")
     num_iterations = args.total_timesteps // batch_size
     device = run.device
-    # every usable core: the envs and the network take turns
+    # every usable core: envs and network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
-    rng = np.random.default_rng(args.seed)  # minibatch env groups: their segment plans are built on the host
+    rng = np.random.default_rng(args.seed)
 
     envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
     num_actions = int(envs.action_space.n)
     agent = Agent(num_actions).to(device)
-    # a tensor learning rate, annealed in place: the graphs never recapture
+    # a tensor, annealed in place: the graphs never recapture
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
     agent_view = Agent(num_actions).to("meta")  # the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
-    # ...but with the learner's LSTM itself, run under no_grad: on CUDA an LSTM whose weights changed copies them into
-    # a flat buffer of its own at its next call (cuDNN's flatten_parameters), so a view's LSTM would act with its
-    # first weights ever after, while its convolutions and heads follow the learner
+    # ...but the learner's own LSTM: on CUDA a view's LSTM would act with the weights cuDNN copied at its first call
     agent_view.lstm = agent.lstm
 
-    graphed = partial(CudaGraphModule, warmup=5)  # the first calls compile and initialise Adam's state, then capture
-    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    graphed = partial(CudaGraphModule, warmup=5)  # captured after the first calls (compilation, Adam's state)
+    # compiled before its arguments are bound: dynamo sees one function, one cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
-    if args.compile:  # dynamo traces the policy's LSTM step, and hands the update's LSTM to the eager functions
+    if args.compile:  # the policy's LSTM step is traced
         torch._dynamo.config.allow_rnn = True
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
@@ -374,7 +343,7 @@ if __name__ == "__main__":
     update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
     if run.cudagraphs:
         policy_step, gae_step = graphed(policy_step), graphed(gae_step)
-    # one update graph per padded segment count, made at its first use: a CUDA graph has fixed shapes
+    # a CUDA graph per segment count: fixed shapes
     update_steps = defaultdict(lambda: graphed(update_step) if run.cudagraphs else update_step)
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
 
@@ -383,7 +352,7 @@ if __name__ == "__main__":
     obs = torch.zeros((T, E, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, E), dtype=torch.long, device=device)
     logprobs, rewards, dones, starts, values = (torch.zeros((T, E), device=device) for _ in range(5))
-    starts_host = np.zeros((T, E), dtype=np.float32)  # the segment plans are made from these, without a device sync
+    starts_host = np.zeros((T, E), dtype=np.float32)  # for the segment plans: no device sync
     episode_returns = np.zeros(E)
     episode_lengths = np.zeros(E, dtype=np.int64)
     metrics = {}
@@ -397,7 +366,7 @@ if __name__ == "__main__":
     next_start_np = np.zeros(E, dtype=np.float32)
     next_done = torch.zeros(E, device=device)
     next_start = torch.zeros(E, device=device)
-    # two tensors: one for both would make the compiled policy guard on that aliasing, and compile again a step later
+    # two tensors: one for both recompiles the policy
     h, c = (torch.zeros(1, E, agent.lstm.hidden_size, device=device) for _ in range(2))
     run.start()
     with run.stoppable():
@@ -408,7 +377,7 @@ if __name__ == "__main__":
             learning_rate.fill_(lr_now)
 
             initial_h = h.clone()
-            initial_c = c.clone()  # the update replays the rollout from these states
+            initial_c = c.clone()  # the update starts from these
             for step in range(T):
                 stop_if_signalled()
                 obs[step] = next_obs
@@ -420,7 +389,7 @@ if __name__ == "__main__":
                     envs.step, actions[step].cpu().numpy()
                 )
                 global_step += E
-                # the step from an episode's last frame is envpool's reset step: zero the state at the frame after it
+                # envpool's reset step follows an episode's last frame: zero the state after it
                 next_start = next_done
                 next_start_np = next_done_np
                 next_done_np = (terminations | truncations).astype(np.float32)
@@ -429,7 +398,7 @@ if __name__ == "__main__":
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
                 rewards[step] = step_data[0]
                 next_done = step_data[1]
-                # the true score: info["reward"] is unclipped, info["terminated"] ends the game, not a life
+                # info["reward"] is unclipped, info["terminated"] ends the game, not a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
@@ -448,7 +417,7 @@ if __name__ == "__main__":
                     real_steps += T * len(env_ids)
                     if args.lstm_impl == "padded":
                         layout = tuple(to_device(a, device) for a in segment_layout(starts_host[:, env_ids]))
-                        if args.compile:  # one compiled loss for every segment count, not a compile for each
+                        if args.compile:  # one compile for every segment count
                             torch._dynamo.maybe_mark_dynamic(layout[0], 1)
                             torch._dynamo.maybe_mark_dynamic(layout[1], 0)
                         padded_steps += layout[0].numel()
@@ -461,9 +430,8 @@ if __name__ == "__main__":
                     num_updates += 1
                 if args.target_kl is not None and minibatch_metrics[-1]["approx_kl"].item() > args.target_kl:
                     break  # one sync per epoch
-            # logged: the means over the iteration's minibatches
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            returns_var = returns.var(correction=0).clamp_min(1e-8)  # its share explained by the values
+            returns_var = returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (returns - values).var(correction=0) / returns_var
             run.log(global_step, metrics, charts=dict(learning_rate=lr_now))
     run.end_training(global_step, metrics)

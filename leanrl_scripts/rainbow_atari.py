@@ -1,13 +1,8 @@
-"""Rainbow (Hessel et al. 2018) on Atari, with envpool or with ALE through gymnasium, one file: DQN with its six
-improvements, the C51 distributional loss, dueling heads, factorized noisy layers, n-step returns, double Q and
-prioritized replay, each as its paper has it.
+"""Rainbow (Hessel et al. 2018) on Atari, one file: C51, dueling heads, noisy layers, n-step returns, double Q and
+prioritized replay.
 
-Memory: each frame is stored once and the 4-frame stacks are rebuilt at sample time, as in dqn_atari.py; the n-step
-returns are summed at sample time from the stored rewards, so n costs no memory. Speed: the priorities are a sum tree
-of two levels in device tensors, so a batch is drawn and its priorities written back by a fixed dozen kernels, with no
-Python loop over its items and no host sync; torch.compile takes the draw and the loss, and one CUDA graph the whole
-update (draw, loss, Adam, priorities). The acting network reads the learner's weights through a detached view and
-draws its own noise.
+Speed: the priorities are a two-level sum tree on the device, so the whole update is one CUDA graph with no host sync.
+Cost: O(sqrt(capacity)) work a draw.
     python leanrl_scripts/rainbow_atari.py --env-id Breakout-v5 --compile
 """
 
@@ -18,13 +13,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-# Idle OpenMP threads sleep instead of spinning: a spinning pool takes the cores that the envs (or other programs)
-# need. Set before torch loads OpenMP; it costs a wake-up (tens of microseconds) per parallel kernel.
+# Idle OpenMP threads sleep, leaving the envs their cores; set before torch loads OpenMP.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import cv2
-except ModuleNotFoundError:  # only the gymnasium back-end needs it; --help works without it
+except ModuleNotFoundError:  # --help works without it
     cv2 = None
 import gymnasium as gym
 import numpy as np
@@ -41,53 +35,53 @@ from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, st
 @dataclass
 class Args(RunArgs):
     env_id: str = "Breakout-v5"
-    """the Atari game, as envpool names it (Breakout-v5, Pong-v5, ...) for both back-ends"""
+    """the Atari game id (Breakout-v5, ...)"""
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
-    """envpool (its own Atari preprocessing) or gymnasium (ALE with this script's wrappers)"""
+    """envpool, or gymnasium with ALE"""
     total_timesteps: int = 10_000_000
-    """total environment steps (0 only with --load-model: evaluate it)"""
+    """total environment steps (0 with --load-model: evaluate only)"""
     learning_rate: float = 6.25e-5
     """the learning rate of the optimizer"""
     num_envs: int = 1
     """the number of parallel environments"""
     buffer_size: int = 1_000_000
-    """the replay memory buffer size (transitions)"""
+    """the replay memory size (transitions)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 1.0
-    """the target network update rate (1.0: a hard copy)"""
+    """the target network update rate (1: a hard copy)"""
     target_network_frequency: int = 8000
-    """environment steps between target network updates"""
+    """environment steps between target updates"""
     batch_size: int = 32
-    """the batch size of samples from the replay memory"""
+    """the replay batch size"""
     learning_starts: int = 80_000
     """environment steps before learning starts"""
     train_frequency: int = 4
-    """the frequency of training (environment steps per update)"""
+    """environment steps per update"""
     n_step: int = 3
-    """the number of steps summed in a return before it bootstraps (1: one-step Q-learning)"""
+    """the steps summed before a return bootstraps"""
     prioritized_replay_alpha: float = 0.5
-    """how much the priorities count: P(i) is priority_i ** alpha over the sum (0: uniform replay)"""
+    """the priority exponent (0: uniform replay)"""
     prioritized_replay_beta: float = 0.4
-    """the importance-sampling exponent at the start, annealed linearly to 1 over the run"""
+    """the importance-sampling exponent, annealed to 1"""
     prioritized_replay_eps: float = 1e-6
-    """added to every priority, so that no transition stops being drawn"""
+    """added to every priority (none is 0)"""
     n_atoms: int = 51
-    """the number of atoms of the return distribution"""
+    """the number of return atoms"""
     v_min: float = -10.0
     """the return lower bound"""
     v_max: float = 10.0
     """the return upper bound"""
     noisy: bool = True
-    """explore with noisy layers; --no-noisy: plain layers and the epsilon-greedy schedule below"""
+    """explore with noisy layers (--no-noisy: epsilon-greedy)"""
     start_e: float = 1.0
-    """the starting epsilon for exploration (with --no-noisy)"""
+    """the starting epsilon"""
     end_e: float = 0.01
-    """the ending epsilon for exploration (with --no-noisy)"""
+    """the ending epsilon"""
     exploration_fraction: float = 0.10
-    """the fraction of `total_timesteps` it takes from start_e to end_e (with --no-noisy)"""
+    """the fraction of the run from start_e to end_e"""
     measure_burnin: int = 50
-    """updates the speed figure leaves out (compilation, graph capture)"""
+    """updates left out of the speed figure"""
 
 
 RANGES = Ranges(
@@ -98,13 +92,11 @@ RANGES = Ranges(
     before_the_end=("learning_starts",),
 )
 
-LOG_EVERY = 100  # updates between metric reads (a host sync each)
+LOG_EVERY = 100  # a host sync each
 
 
 class EpisodicLife(gym.Wrapper):
-    """A lost life ends the episode for the learner (no bootstrap past it) but not the game: reset() after a
-    lost life takes one no-op step instead of restarting. info gets the raw reward and the true end of the game,
-    as envpool's."""
+    """A lost life ends the learner's episode, not the game."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -130,7 +122,7 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """For games that wait for FIRE: press it (then action 2) after each reset."""
+    """Press FIRE after each reset."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
@@ -142,34 +134,30 @@ class FireReset(gym.Wrapper):
 
 
 def make_gym_env(env_id, render=False):
-    """The classic DQN stack on ALE, with envpool's v5 settings: no sticky actions, v5's 108k-frame time limit."""
+    """The classic DQN stack on ALE with envpool's v5 settings."""
     env = gym.make(
         f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array" if render else None
     )
-    # 1 to 30 no-ops after a reset (varied starts), each action held 4 frames with the rewards summed and the last
-    # two frames max-pooled (sprites flicker), 84x84 greyscale
     env = EpisodicLife(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    env = gym.wrappers.TransformReward(env, np.sign)  # one learning rate fits every game's score scale
-    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")  # a reset fills all 4
+    env = gym.wrappers.TransformReward(env, np.sign)
+    return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")
 
 
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
-    """Training envs of either back-end: 4 stacked 84x84 frames, rewards clipped, a lost life ends an episode;
-    info["reward"] is the unclipped reward and info["terminated"] the end of the game. After the step that ends an
-    episode, the next step resets that env and is not a transition: with envpool after a lost life too (its action
-    ignored, no-ops and FIRE played, the frame stack kept), where CleanRL's wrappers reset within the step."""
+    """Training envs of either back-end; the step after an episode's end is a reset, not a transition (with envpool,
+    after a lost life too)."""
     if backend == "envpool":
         try:
-            import envpool  # imported here: the gymnasium back-end runs without it
+            import envpool
         except ModuleNotFoundError:
             fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
         if env_id not in envpool.list_all_envs():
             fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py, classic: dqn.py)")
-        threads = min(num_envs, usable_cores())  # one per env up to those: envpool's default counts the host's cores
+        threads = min(num_envs, usable_cores())  # envpool's default counts the host's cores
         game = dict(episodic_life=True, reward_clip=True, render_mode="rgb_array" if render else None)
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
     try:
@@ -183,17 +171,14 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
         envs = gym.vector.SyncVectorEnv(
             [partial(make_gym_env, env_id, render)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
         )
-    except Exception as error:  # an unknown game, a missing ROM or package, an old version
+    except Exception as error:
         fail(f"unknown env id '{env_id}' on ALE, or it cannot be made (games look like Breakout-v5): {error}")
     envs.reset(seed=seed)
     return envs
 
 
 class NoisyLinear(nn.Linear):
-    """A linear layer with factorized Gaussian noise (Fortunato et al. 2018): weight + sigma * f(e_out) f(e_in)^T, with
-    f(e) = sign(e) sqrt(|e|), and the same for the bias. The noise is drawn afresh at every call in training mode (one
-    draw for the whole batch), so each forward pass the paper samples for is one call; in eval mode the layer is its
-    mean. nn.Linear's initialisation, uniform within 1/sqrt(in_features), is the paper's for the mean."""
+    """A linear layer with factorized Gaussian noise (Fortunato et al. 2018), drawn at every training call."""
 
     def __init__(self, in_features, out_features, std_init=0.5):
         super().__init__(in_features, out_features)
@@ -201,7 +186,6 @@ class NoisyLinear(nn.Linear):
         self.bias_sigma = nn.Parameter(torch.full((out_features,), std_init / math.sqrt(in_features)))
 
     def noise(self):
-        """f of in_features + out_features standard normals: the factorized noise of one forward pass."""
         noise = torch.randn(self.in_features + self.out_features, device=self.weight.device)
         noise = noise.sign() * noise.abs().sqrt()
         return noise[: self.in_features], noise[self.in_features :]
@@ -210,16 +194,13 @@ class NoisyLinear(nn.Linear):
         if not self.training:
             return super().forward(x)
         noise_in, noise_out = self.noise()
-        # (weight + sigma * outer(noise_out, noise_in)) x, without making that matrix: a second matrix product,
-        # cheaper than writing and reading a weight's worth of noise at DQN's batch sizes (forward and backward)
+        # the noise matrix never made: a second matrix product costs less
         noisy = F.linear(x * noise_in, self.weight_sigma, self.bias_sigma) * noise_out
         return F.linear(x, self.weight, self.bias) + noisy
 
 
 class RainbowNetwork(nn.Module):
-    """The Nature DQN torso (convolutions channels-last: mkldnn's NHWC kernels are the fast ones on CPU), then dueling
-    value and advantage heads over the atoms: log-probabilities (batch, actions, atoms) of softmax(value + advantage -
-    mean advantage). Noisy layers in the heads, or plain ones for an epsilon-greedy ablation."""
+    """Nature DQN torso and dueling heads: log-probabilities (batch, actions, atoms)."""
 
     def __init__(self, num_actions, n_atoms, noisy=True):
         super().__init__()
@@ -241,16 +222,13 @@ class RainbowNetwork(nn.Module):
         hidden = self.torso(obs.contiguous(memory_format=torch.channels_last) / 255.0)
         value = self.value(hidden)[:, None]
         advantage = self.advantage(hidden).unflatten(1, (-1, self.n_atoms))
-        # log_softmax, not the log of a clamped softmax: exact where an atom's probability is tiny
+        # exact for tiny probabilities, unlike a clamped softmax's log
         return (value + advantage - advantage.mean(1, keepdim=True)).log_softmax(-1)
 
 
 class SumTree:
-    """Priorities of `capacity` items drawn in proportion, in device tensors: a sum tree of two levels, the leaves in
-    blocks of about sqrt(capacity) and the sums of the blocks. A draw takes a prefix sum and a binary search over the
-    block sums, then the same within each drawn block; a write sums the blocks it touched again. Either is a fixed
-    handful of kernels for the whole batch, where a binary tree walks its 20 levels (for a million items) one at a
-    time; the cost is O(sqrt(capacity)) work a draw (2,000 additions for a million), nothing beside a network."""
+    """Proportional priorities on the device: leaves in blocks of about sqrt(capacity), and block sums; a batch's
+    draw or write is a few kernels, not a walk per item."""
 
     def __init__(self, capacity, device):
         self.capacity = capacity
@@ -265,14 +243,13 @@ class SumTree:
         self.sums[blocks] = self.leaves[blocks].sum(1)
 
     def sample(self, fractions):
-        """The leaves whose running sum first passes `fractions` (in [0, 1)) of the total, so uniform fractions draw
-        each leaf in proportion to its priority, and the leaves' probabilities. A leaf of priority 0 is never drawn:
-        each search stops short of the end of its prefix sums, whose last step is then positive."""
-        below_one = 1 - 2**-20  # rounding must not carry a fraction to the end of the sums, where zeros may trail
+        """Leaves whose running sum first passes `fractions` of the total, and their probabilities; priority 0 is
+        never drawn."""
+        below_one = 1 - 2**-20  # rounding must stop short of trailing zero priorities
         block_ends = self.sums.cumsum(0)
         total = block_ends[-1]
         target = torch.minimum(fractions * total, total * below_one)
-        # the clamps only matter for priorities gone non-finite: the run then stops with that, not an index error
+        # clamped for non-finite priorities: no index error
         block = torch.searchsorted(block_ends, target, right=True).clamp(max=len(self.sums) - 1)
         leaf_ends = self.leaves[block].cumsum(1)
         within = (target - block_ends[block] + self.sums[block]).clamp(min=0)
@@ -283,23 +260,19 @@ class SumTree:
 
 
 class FrameReplay:
-    """Replay storage with each frame once, as dqn_atari.py's: row t of env lane e holds the newest frame of that env's
-    t-th observation, the action, clipped reward and termination of its step, and two flags: `valid` (the step is a
-    transition, not the reset step after an episode's end) and `first` (the frame stack restarts here). A row is drawn
-    by its priority in `tree` (leaf row * lanes + lane): new rows get the highest priority seen once their n steps and
-    the frame after them are stored, and rows lose theirs (0) as the ring overwrites their frames."""
+    """Replay storing each frame once, as dqn_atari.py's; a row is drawn by priority once its n steps are stored,
+    until the ring overwrites its frames."""
 
     def __init__(self, buffer_size, num_envs, device, n_step=3, gamma=0.99, alpha=0.5, eps=1e-6, stack=4):
         self.buffer_rows = math.ceil(buffer_size / num_envs)
         self.stack, self.n_step, self.gamma, self.alpha, self.eps = stack, n_step, gamma, alpha, eps
-        rows = self.buffer_rows + stack + n_step - 1  # the rows still waiting for their n steps, and those overwritten
-        # empty, not zeros: pages are touched as the rows fill, and only written rows are ever read
+        rows = self.buffer_rows + stack + n_step - 1  # + rows awaiting n steps or overwritten
         self.frames = torch.empty((rows, num_envs, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((rows, num_envs), dtype=torch.long, device=device)
         self.rewards, self.terminations = (torch.zeros((rows, num_envs), device=device) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool, device=device) for _ in range(2))
         self.tree = SumTree(rows * num_envs, device)
-        self.max_priority = torch.ones((), device=device)  # of |loss| + eps, before the exponent alpha
+        self.max_priority = torch.ones((), device=device)  # before ** alpha
         self.lanes = torch.arange(num_envs, device=device)
         self.discounts = gamma ** torch.arange(n_step, device=device)
         self.next_valid = np.ones(num_envs, dtype=bool)
@@ -307,8 +280,7 @@ class FrameReplay:
         self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
 
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
-        """Vector step `step`; `reset`: the envs whose next step is a reset, not a transition; `restart`: those of
-        them whose frame stack restarts after it (envpool keeps its stack across a lost life)."""
+        """`reset`: envs whose next step resets; `restart`: those whose frame stack restarts after it."""
         rows = len(self.frames)
         row = step % rows
         flags = (self.next_valid, self.next_first)
@@ -316,32 +288,26 @@ class FrameReplay:
         columns = (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first)
         for column, value in zip(columns, (obs[:, -1], actions, rewards, terminations, *flags)):
             column[row] = torch.as_tensor(value).to(column.device, column.dtype, non_blocking=True)
-        # row - n_step now has its n steps and the frame after them; the stack of row + stack - 1 reaches back to
-        # this row, whose frames were another's (rows row .. row + stack - 2 lost theirs at the steps before)
+        # row - n_step is ready; row + stack - 1 loses its oldest frame to this row
         ready, overwritten = (row - self.n_step) % rows, (row + self.stack - 1) % rows
         new = self.valid[ready] * self.max_priority**self.alpha
         leaves = torch.cat([ready * len(self.lanes) + self.lanes, overwritten * len(self.lanes) + self.lanes])
         self.tree.set(leaves, torch.cat([new, torch.zeros_like(new)]))
 
     def sample(self, batch_size, beta):
-        """A batch drawn by priority, stratified (one draw in each of batch_size equal slices of the total, as Schaul
-        et al.): the leaves, importance weights (1 / (N P(i)) ** beta over the batch's largest, so N drops out), and
-        `transitions`' tensors."""
+        """A stratified batch by priority, with importance weights over the largest."""
         strata = torch.arange(batch_size, device=self.frames.device)
         leaf, probability = self.tree.sample((strata + torch.rand(batch_size, device=strata.device)) / batch_size)
         weights = (probability / probability.min()) ** -beta
         return leaf, weights, *self.transitions(leaf // len(self.lanes), leaf % len(self.lanes))
 
     def transitions(self, row, lane):
-        """The n-step transitions from rows `row` of lanes `lane`: obs, action, the discounted sum of up to n_step
-        rewards, the discount of the bootstrap (gamma ** steps, 0 after a termination) and the observation it
-        bootstraps from. An episode's end stops the sum: a termination with no bootstrap, a truncation (the next row
-        is the reset step, which holds the last observation) with one from there."""
+        """n-step transitions; an episode's end stops the sum (a truncation bootstraps from the reset step's row)."""
         rows = len(self.frames)
         ahead = (row[:, None] + torch.arange(self.n_step, device=row.device)) % rows  # (batch, n_step)
         lanes = lane[:, None]
         ended = (self.terminations[ahead, lanes] > 0) | ~self.valid[(ahead + 1) % rows, lanes]
-        # step j counts while no step before it ended the episode
+        # step j counts while no earlier step ended the episode
         counts = F.pad((~ended[:, :-1]).float().cumprod(1), (1, 0), value=1.0)
         returns = (counts * self.discounts * self.rewards[ahead, lanes]).sum(1)
         terminated = (counts * self.terminations[ahead, lanes]).sum(1)
@@ -351,8 +317,7 @@ class FrameReplay:
         return self.stack_at(row, lane), self.actions[row, lane], returns, discount, next_obs
 
     def stack_at(self, row, lane):
-        """The observation stacks of rows `row` in lanes `lane`, (batch, stack, 84, 84): the frames of the row and the
-        ones before it, held at the row where the stack restarts."""
+        """Frame stacks ending at `row`, held at the row where the stack restarts."""
         rows = len(self.frames)
         chain = [row]
         for _ in range(self.stack - 1):
@@ -360,27 +325,23 @@ class FrameReplay:
         return self.frames[torch.stack(chain[::-1], 1), lane[:, None]]
 
     def update_priorities(self, leaf, losses):
-        """The drawn leaves' new priorities, (loss + eps) ** alpha, and the highest priority seen, in place."""
-        priority = losses.clamp(min=0) + self.eps  # a divergence rounded below 0 is 0
+        """New priorities for the drawn leaves."""
+        priority = losses.clamp(min=0) + self.eps  # a divergence rounded below 0
         torch.maximum(self.max_priority, priority.max(), out=self.max_priority)
         self.tree.set(leaf, priority**self.alpha)
 
 
 def expected_q(log_probs, support):
-    """The Q-values of return distributions: the mean of each action's distribution over the support."""
     return (log_probs.exp() * support).sum(-1)
 
 
 def policy(obs, *, q_network, support):
-    """Greedy actions by the expected returns; `q_network` is a detached view of the learner (noisy: its own draw)."""
+    """Greedy actions by expected return."""
     return expected_q(q_network(obs), support).argmax(-1)
 
 
 def project(atoms, probs, support):
-    """The C51 projection: the distribution of atoms `atoms` (batch, n_atoms), clamped into the support, with
-    probabilities `probs`, onto the support, each atom's probability split between the two support points around
-    it in proportion to nearness. As one product with a triangle kernel, max(0, 1 - |atom - z| / delta), which is
-    those two weights, where a scatter would add into the same points from many atoms."""
+    """The C51 projection as one product with a triangle kernel, where a scatter would collide."""
     delta = support[1] - support[0]
     atoms = atoms.clamp(support[0], support[-1])
     nearness = (1 - (atoms[:, None, :] - support[None, :, None]).abs() / delta).clamp(min=0)  # (batch, z, atom)
@@ -388,11 +349,8 @@ def project(atoms, probs, support):
 
 
 def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_network, target_network, support):
-    """The distributional n-step double-Q loss: the KL divergence from the projected target distribution to the online
-    one of the taken action, per item (the new priorities, the paper's) and weighted by importance for the gradient
-    (the cross-entropy's gradient: the two differ by the target's entropy, a constant of the weights).
-    Every forward pass draws its own noise, as the paper's three samples: online for the loss, online for choosing
-    the next action (double Q), target for valuing it. Returns the loss, the per-item losses and the metrics."""
+    """The distributional n-step double-Q loss: per-item KL divergences (the paper's priorities), weighted by
+    importance. Each forward pass draws its own noise, as in the paper."""
     with torch.no_grad():
         next_actions = expected_q(q_network(next_obs), support).argmax(-1)
         next_log_probs = torch.take_along_dim(target_network(next_obs), next_actions[:, None, None], 1)[:, 0]
@@ -406,9 +364,7 @@ def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_netwo
 
 
 def update(beta, *, sample_fn, loss_fn, optimizer, replay):
-    """One Rainbow step: a prioritized batch, the loss, Adam, the batch's new priorities, all on the device. The draw
-    and the loss are the pieces --compile compiles (the loss's forward and backward are one graph each); the
-    backward call and the fused Adam step, which dynamo does not trace, run between them."""
+    """One update on the device: draw, loss, Adam, priorities."""
     leaf, weights, *batch = sample_fn(beta)
     loss, divergences, metrics = loss_fn(*batch, weights)
     optimizer.zero_grad()
@@ -419,8 +375,7 @@ def update(beta, *, sample_fn, loss_fn, optimizer, replay):
 
 
 def epsilon_at(step, args):
-    """0 with noisy layers, which explore by their noise alone (the paper's Rainbow); with --no-noisy the linear
-    schedule from start_e to end_e over exploration_fraction of the run, then end_e."""
+    """0 with noisy layers (their noise explores), else linear from start_e to end_e."""
     if args.noisy:
         return 0.0
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
@@ -428,8 +383,7 @@ def epsilon_at(step, args):
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """One coin per env from a host RNG (no device sync decides anything): the network runs only when some env
-    exploits, random actions are drawn only when some env explores (at epsilon 0: never)."""
+    """One coin per env from a host RNG: the network runs only when some env exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -438,19 +392,15 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
 
 
 def beta_at(step, args):
-    """The importance-sampling exponent, from prioritized_replay_beta at the start to 1 at the end."""
     return min(1.0, args.prioritized_replay_beta + step * (1.0 - args.prioritized_replay_beta) / args.total_timesteps)
 
 
 def first_screen(envs):
-    """The first env's screen: envpool renders env 0 by its id, a gymnasium vector env through its first env."""
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
 def evaluate(q_network, support, args, device, video_folder=None):
-    """True score of the first whole game in each of --eval-episodes envs at epsilon 0.05, the DQN paper's protocol
-    (a greedy agent can stall: in Breakout, by never firing a new ball, until the time limit), with the network's
-    mean weights: noisy layers in eval mode. With `video_folder`, the first env's game is recorded there."""
+    """True score of one game per env at epsilon 0.05, the noise off."""
     q_network.eval()
     envs = make_envs(
         args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
@@ -483,7 +433,7 @@ if __name__ == "__main__":
     run = Run(args, RANGES)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
-    first_ready = (args.n_step + 1) * args.num_envs  # the steps before the first transition can be drawn
+    first_ready = (args.n_step + 1) * args.num_envs  # steps before the first drawable transition
     if args.learning_starts < max(args.batch_size, first_ready):
         fail(
             f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size} and "
@@ -492,21 +442,20 @@ if __name__ == "__main__":
     if args.n_atoms < 2 or not args.v_min < args.v_max:
         fail(f"the support needs --n-atoms of 2 or more (not {args.n_atoms}) and --v-min below --v-max")
     device = run.device
-    # every usable core: the envs and the network take turns
+    # every usable core: envs and network take turns
     tune_cpu(args.torch_threads, device, threads=usable_cores())
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
-    # a frame, action, reward, termination, 2 flags and a priority per transition
-    check_fits(args.buffer_size * (84 * 84 + 22), device, "--buffer-size")
+    check_fits(args.buffer_size * (84 * 84 + 22), device, "--buffer-size")  # bytes per transition
     network = partial(RainbowNetwork, num_actions, args.n_atoms, args.noisy)
     q_network = network().to(device)
     target_network = network().to(device).requires_grad_(False)
-    q_view = network().to("meta")  # acts with the learner's weights, shared and without grad
+    q_view = network().to("meta")  # the learner's weights, shared, no grad
     from_module(q_network).data.to_module(q_view)
     q_view.requires_grad_(False)
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms, device=device)
-    # Tensor learning rate and capturable state let CUDA graphs replay the optimizer step; eps is the paper's.
+    # tensor lr, capturable Adam: CUDA graphs replay its step; eps is the paper's
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(
         q_network.parameters(), lr=learning_rate, eps=1.5e-4, fused=True, capturable=run.cudagraphs
@@ -525,7 +474,7 @@ if __name__ == "__main__":
         args.prioritized_replay_alpha,
         args.prioritized_replay_eps,
     )
-    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    # compiled before its arguments are bound: dynamo sees one function, one cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view, support=support)
     sample_step = partial(maybe_compile(rb.sample), args.batch_size)
@@ -536,7 +485,7 @@ if __name__ == "__main__":
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 
-    rng = np.random.default_rng(args.seed)  # exploration (with --no-noisy): coins and random actions on the host
+    rng = np.random.default_rng(args.seed)  # --no-noisy's coins, on the host
     beta = torch.tensor(args.prioritized_replay_beta, device=device)  # filled in place: a graph reads its address
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     scores = np.zeros(args.num_envs)
@@ -555,17 +504,17 @@ if __name__ == "__main__":
                 envs.step, actions.astype(np.int32)
             )
             game_over = infos["terminated"].astype(bool) | truncations
-            reset = terminations | truncations  # see make_envs: the next step resets, after a lost life too
+            reset = terminations | truncations  # the next step resets, after a lost life too
             restart = game_over if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
             rb.add(iteration, obs, actions, rewards, terminations, reset, restart)
             obs, global_step = next_obs, global_step + args.num_envs
-            scores, lengths = scores + infos["reward"], lengths + 1  # the true score: info["reward"] is unclipped
+            scores, lengths = scores + infos["reward"], lengths + 1  # info["reward"] is unclipped
             for score, length in zip(scores[game_over], lengths[game_over]):
                 run.record_episode(global_step, score, length)
             scores[game_over] = 0
             lengths[game_over] = 0
 
-            # the updates these steps owe: one per train_frequency steps after learning_starts, as in CleanRL
+            # the updates these steps owe, as in CleanRL
             while num_updates < (global_step - args.learning_starts) // args.train_frequency:
                 if num_updates == args.measure_burnin:
                     run.start_speed_measure(global_step)
