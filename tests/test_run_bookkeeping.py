@@ -46,7 +46,7 @@ MAX_TOKENS = {
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
-# PPO Atari 269, PPO-LSTM 284, the multi-process PPO 353, PQN 201, PQN Atari 228, Rainbow 365. Twelve scripts are
+# PPO Atari 269, PPO-LSTM 284, the multi-process PPO 353, PQN 201, PQN Atari 228, Rainbow 365. Eleven scripts are
 # at most 2x theirs; the multi-process PPO and the async DQN are not yet; IMPALA has no CleanRL counterpart.
 MAX_PROSE_WORDS = {
     "sac_continuous_action.py": 527,
