@@ -1,8 +1,7 @@
-"""PPO on Atari (envpool) on several processes, one per GPU, started by torchrun; one file.
+"""PPO (Schulman et al. 2017) on Atari with envpool, one process per GPU under torchrun; one file.
 
-Each process steps its own envs and keeps a whole copy of the network. The gradients live in one flat buffer (every
-parameter's .grad is a view into it), so after each minibatch's backward one all-reduce averages all of them and
-every copy takes the same step. Cost: one all-reduce of the whole gradient (1.7M floats) per minibatch.
+Each process steps its own envs with its own copy of the network; an all-reduce per minibatch of one flat gradient
+buffer keeps the copies equal.
     torchrun --standalone --nproc-per-node 2 leanrl_scripts/ppo_atari_multigpu.py --env-id Breakout-v5 --compile
 """
 
@@ -36,17 +35,17 @@ from run_bookkeeping import Ranges, Run, RunArgs, Stopped, fail, game_mp4, stop_
 @dataclass
 class Args(RunArgs):
     device_ids: list[int] = field(default_factory=list)
-    """the GPU of each process of a machine, by its local rank (none: process k on GPU k, modulo the GPUs there)"""
+    """the GPU of each local process (empty: process k on GPU k)"""
     backend: Literal["auto", "nccl", "gloo"] = "auto"
-    """how the processes average gradients (auto: nccl when each process of a machine has its own GPU, else gloo)"""
+    """the all-reduce back-end (auto: nccl if each process has a GPU, else gloo)"""
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
-    """total environment steps, all processes' envs together (0 only with --load-model: evaluate it)"""
+    """total environment steps of all processes (0 only with --load-model: evaluate it)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 8
-    """the number of game environments of each process"""
+    """the number of environments of each process"""
     num_steps: int = 128
     """the number of steps per env per rollout"""
     anneal_lr: bool = True
@@ -56,11 +55,11 @@ class Args(RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of mini-batches (each process takes its share of each from its own rollout)"""
+    """the number of mini-batches (each process's share from its rollout)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """normalize the advantages (per minibatch, over all processes' shares)"""
+    """normalize the advantages (per minibatch, over all processes)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -76,9 +75,9 @@ class Args(RunArgs):
     measure_burnin: int = 1
     """iterations the speed figure leaves out (compilation, graph capture)"""
     world_size: tyro.conf.Suppress[int] = 1
-    """(derived) the number of processes, from torchrun"""
+    """(derived) the number of processes"""
     num_envs: tyro.conf.Suppress[int] = 0
-    """(derived) all processes' envs: local_num_envs x world_size"""
+    """(derived) local_num_envs x world_size"""
 
 
 RANGES = Ranges(
@@ -90,9 +89,8 @@ RANGES = Ranges(
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False, threads=None):
-    """envpool's Atari preprocessing (noop starts, frame skip 4, 84x84 grey, 4 stacked frames). Training envs end
-    an episode at each lost life and clip rewards to their sign; info["reward"] keeps the true score. envpool seeds
-    env i with seed + i. One worker thread per env, up to `threads` (default: the usable cores)."""
+    """envpool's Atari preprocessing; training envs end an episode at each lost life and clip rewards (info["reward"]
+    keeps the score)."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -158,8 +156,8 @@ def policy(obs, *, agent):
 
 
 def gae(rewards, values, dones, next_value, next_done, *, gamma, gae_lambda):
-    """Advantages A_t = delta_t + c_t A_{t+1}, c_t = gamma lambda (1 - done_{t+1}), as a parallel scan of log2(T)
-    rounds; `dones[t]` says the step into obs t ended an episode. Returns advantages and returns."""
+    """Advantages A_t = delta_t + gamma lambda (1 - done_{t+1}) A_{t+1}, by a scan of log2(T) rounds, and returns;
+    `dones[t]`: the step into obs t ended an episode."""
     next_values = torch.cat([values[1:], next_value[None]])
     next_nonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     advantages = rewards + gamma * next_values * next_nonterminal - values
@@ -184,8 +182,8 @@ class Batch(NamedTuple):
 
 
 def gradients_in_one_buffer(agent):
-    """Makes every parameter's .grad a view into one flat buffer, with the parameter's strides (channels-last
-    convolutions), and returns the buffer: backward writes what one all-reduce averages, with no copy in or out."""
+    """Makes every .grad a view (with the parameter's strides) into one flat buffer, returned: one all-reduce
+    averages it, no copy."""
     params = list(agent.parameters())
     flat_grads = torch.zeros(sum(param.numel() for param in params), device=params[0].device)
     offset = 0
@@ -196,9 +194,8 @@ def gradients_in_one_buffer(agent):
 
 
 def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
-    """This process's share of a minibatch (a Batch): the clipped PPO loss and its metrics on the device. The
-    advantages are normalised with the mean and standard deviation of the whole minibatch, every process's share,
-    so the mean of the processes' gradients is the gradient one process would get from all the shares."""
+    """The clipped-surrogate loss of this process's share of a minibatch, advantages normalised as over the whole
+    minibatch, and its metrics."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages = minibatch.advantages
     returns = minibatch.returns
@@ -230,8 +227,7 @@ def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
 
 
 def loss_and_gradients(*minibatch, loss_fn, flat_grads):
-    """`loss_fn`'s gradients written into `flat_grads`, and its metrics. `loss_fn` is the piece --compile compiles:
-    its forward and backward are one graph each, while the backward call, a graph break, runs outside it."""
+    """`loss_fn`'s metrics, its gradients written into `flat_grads`."""
     loss, metrics = loss_fn(*minibatch)
     flat_grads.zero_()
     loss.backward()
@@ -239,8 +235,7 @@ def loss_and_gradients(*minibatch, loss_fn, flat_grads):
 
 
 def apply_gradients(*, agent, optimizer, flat_grads, args):
-    """The step after the all-reduce summed the processes' gradients: the same mean, clipping and Adam step in every
-    process, so the copies of the network stay equal."""
+    """The mean of the summed gradients, clipping and Adam, alike in every process."""
     flat_grads.div_(args.world_size)
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
@@ -248,21 +243,19 @@ def apply_gradients(*, agent, optimizer, flat_grads, args):
 
 
 def all_reduce(tensor, group, op=dist.ReduceOp.SUM):
-    """dist.all_reduce in place (group None: one process, nothing to do). A process that ended (killed, crashed)
-    fails its peers' next collective: they stop with one line, not a traceback, and the first process keeps the
-    summary of the steps done."""
-    if group is None:  # one process
+    """dist.all_reduce in place; if a peer ended, stop with one line, not a traceback."""
+    if group is None:
         return
     try:
         dist.all_reduce(tensor, op=op, group=group)
-    except RuntimeError as error:  # gloo's is a RuntimeError, NCCL's a DistBackendError (one too)
+    except RuntimeError as error:  # NCCL's DistBackendError is one too
         reason = (str(error).strip() or type(error).__name__).splitlines()[0].split(". ")[0]
         raise Stopped(f"another process of this run ended ({reason})", 1) from None
 
 
 def minibatch_statistics(advantages, order, num_minibatches, group):
-    """The mean and standard deviation of each minibatch's advantages over every process's share: the counts, sums
-    and sums of squares (in float64, against cancellation) of this process's shares, summed by one all-reduce."""
+    """Each minibatch's advantage mean and std over all processes, by one all-reduce of counts, sums and squares
+    (float64: no cancellation)."""
     shares = advantages[order].view(num_minibatches, -1).double()
     sums = torch.stack([torch.full_like(shares[:, 0], shares.shape[1]), shares.sum(1), shares.pow(2).sum(1)])
     all_reduce(sums, group)
@@ -272,9 +265,8 @@ def minibatch_statistics(advantages, order, num_minibatches, group):
 
 
 def update_epoch(batch, order, *, loss_step, apply_step, flat_grads, args, group):
-    """One pass over this process's rollout in `order`. The all-reduce sits between the two captured halves of each
-    update (the loss and its gradients, then the step): gloo's collectives cannot be captured in a CUDA graph, and
-    one code path serves both back-ends; it costs one eager call per minibatch. Returns each minibatch's metrics."""
+    """One pass over the rollout in `order`; returns the minibatches' metrics. The all-reduce runs eagerly between
+    captured halves: gloo's cannot be captured."""
     means, stds = minibatch_statistics(batch.advantages, order, args.num_minibatches, group)
     minibatch_metrics = []
     for index, rows in enumerate(order.view(args.num_minibatches, -1)):
@@ -285,7 +277,7 @@ def update_epoch(batch, order, *, loss_step, apply_step, flat_grads, args, group
 
 
 def mean_over_processes(values, group):
-    """The same numbers in every process (once per epoch or iteration), so all of them decide alike."""
+    """The mean over the processes: all decide alike."""
     values = values.clone()
     if group is not None:
         all_reduce(values, group)
@@ -294,8 +286,7 @@ def mean_over_processes(values, group):
 
 
 def signal_of_any_process(signum, group):
-    """The signal that any process got (0: none; torchrun hands Ctrl-C and SIGTERM to all), by one all-reduce of one
-    number per env step: every process stops at the same step, so none is left waiting in a collective."""
+    """The signal any process got (0: none): all stop at one step, none left in a collective."""
     signum = torch.tensor([signum])
     if group is not None:
         all_reduce(signum, group, dist.ReduceOp.MAX)
@@ -328,8 +319,7 @@ def evaluate(agent, args, device, video_folder=None):
 
 
 if __name__ == "__main__":
-    # torchrun sets these; without it this is the only process. Bad input stops every process before any work, and
-    # only the first says why (an unknown flag too).
+    # from torchrun (absent: one process); only the first process reports bad input
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -362,23 +352,23 @@ if __name__ == "__main__":
         threads = max(1, usable_cores() // local_world_size)  # a machine's processes share out its cores
         tune_cpu(args.torch_threads, device, threads=threads, keep_freed_memory=True)
 
-        # Process k's envs are envs k x local_num_envs, ... of one process given all of them (envpool: seed + i).
+        # seeded as one process with all envs would be (envpool: env i gets seed + i)
         envs = make_envs(args.env_id, args.local_num_envs, seed=args.seed + rank * args.local_num_envs, threads=threads)
         num_actions = int(envs.action_space.n)
-        agent = Agent(num_actions).to(device)  # the same initial weights in every process: Run seeded torch
-        learning_rate = torch.tensor(args.learning_rate, device=device)  # annealed in place: graphs never recapture
+        agent = Agent(num_actions).to(device)
+        learning_rate = torch.tensor(args.learning_rate, device=device)  # annealed in place: no recapture
         optimizer = torch.optim.Adam(
             agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs
         )
         run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
 
-    group = stop_group = None  # the collectives of gradients and statistics, and of one number per env step
+    group = stop_group = None  # gradients and statistics; the per-step stop signal
     if args.world_size > 1:
-        dist.init_process_group(backend, timeout=timedelta(minutes=5))  # torchrun's rendezvous, from its variables
+        dist.init_process_group(backend, timeout=timedelta(minutes=5))  # torchrun's rendezvous
         group = dist.group.WORLD
         stop_group = dist.new_group(backend="gloo") if backend == "nccl" else group  # on the CPU: no device sync
         for tensor in agent.state_dict().values():
-            dist.broadcast(tensor, src=0)  # every copy starts from the first process's weights
+            dist.broadcast(tensor, src=0)  # the first process's weights to all
     else:
         print("one process: torchrun starts several (torchrun --nproc-per-node N ppo_atari_multigpu.py ...)")
     torch.manual_seed(args.seed + 1_000_003 * rank)  # each process samples its own actions and minibatches
@@ -413,7 +403,7 @@ if __name__ == "__main__":
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
     any_signal = partial(signal_of_any_process, group=stop_group)
-    run.start(write=rank == 0)  # the others write nothing and only note a signal, which stop_if_signalled shares
+    run.start(write=rank == 0)  # only the first process writes
     with run.stoppable():
         for iteration in range(num_iterations):
             if iteration == args.measure_burnin:
@@ -428,7 +418,7 @@ if __name__ == "__main__":
                 actions[step], logprobs[step], values[step] = policy_step(next_obs)
                 step_result = run.timed_env_call(envs.step, actions[step].cpu().numpy())
                 next_obs_np, reward, terminations, truncations, infos = step_result
-                global_step += args.num_envs  # every process steps its envs once per step, in lockstep
+                global_step += args.num_envs  # the processes step in lockstep
                 step_data = np.stack([reward, terminations | truncations]).astype(np.float32)
                 step_data = torch.from_numpy(step_data).to(device, non_blocking=True)
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
@@ -437,12 +427,12 @@ if __name__ == "__main__":
                 # the true score: info["reward"] is unclipped, info["terminated"] ends the game, not a life
                 episode_returns += infos["reward"]
                 episode_lengths += 1
-                for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:  # the first writes its own
+                for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:
                     run.record_episode(global_step, episode_returns[env_id], episode_lengths[env_id])
                     episode_returns[env_id] = 0.0
                     episode_lengths[env_id] = 0
 
-            # As CleanRL's: the bootstrap observation is the next rollout's first, which the updated policy acts on.
+            # as CleanRL's: next_obs bootstraps GAE now, and the next rollout acts on it with the updated weights
             next_value = policy_step(next_obs)[2]
             advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
             batch = Batch(*(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values)))
@@ -452,8 +442,8 @@ if __name__ == "__main__":
                 num_updates += args.num_minibatches
                 kl = minibatch_metrics[-1]["approx_kl"]
                 if args.target_kl is not None and mean_over_processes(kl, group) > args.target_kl:
-                    break  # one sync per epoch, the same decision in every process
-            # logged: the means over the iteration's minibatches and over the processes
+                    break  # one sync per epoch; every process decides alike
+            # logged: means over minibatches and processes
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = batch.returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
