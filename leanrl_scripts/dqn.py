@@ -107,7 +107,7 @@ class QNetwork(nn.Module):
 class ReplayBuffer:
     """Transitions as rows [obs | action | reward | next_obs | termination] of one preallocated device tensor, row
     `i % rows` for the i-th transition. Steps wait in a host array and go to the device in one block when a batch
-    is sampled: a copy per step costs more than the step (docs/dqn.md)."""
+    is sampled: one copy per update, not per step (docs/dqn.md)."""
 
     def __init__(self, buffer_size, obs_dim, num_envs, device, staged_steps=64):
         self.columns = [obs_dim, 1, 1, obs_dim, 1]
