@@ -12,7 +12,7 @@ from tensordict.nn import CudaGraphModule
 
 import run_bookkeeping
 from reference_implementations import reference_gae
-from script_runs import load_script, run_script
+from script_runs import load_script, run_script, shared_run
 
 SUMMARY_KEYS = set(run_bookkeeping.SUMMARY_KEYS)
 
@@ -112,8 +112,9 @@ def speed_up(fn, compile, cudagraphs):
 
 def assert_same_seed_same_numbers(script, args, workdir, keys, second_flags=()):
     """Two runs of `script` with the same seed, the second with `second_flags` (flags that must not change the
-    numbers, such as --cudagraphs without CUDA), give equal values under `keys`. Returns both runs."""
-    first = run_script(script, args, workdir)
+    numbers, such as --cudagraphs without CUDA), give equal values under `keys`. Returns both runs. The first is the
+    session's shared run of `args` (the eager mode test's, where the arguments are the same)."""
+    first = shared_run(script, args)
     second = run_script(script, [*args, *second_flags], workdir)
     for key in keys:
         assert first[0][key] == second[0][key], key
@@ -172,9 +173,10 @@ def assert_same_loss_and_gradients(result, expected):
 
 
 def assert_checkpoint_round_trip(script, train_args, weights, workdir):
-    """Trained, saved, loaded with no steps to play and saved again: the same `weights` state dict (no evaluation
-    game: each costs tens of seconds on Atari); the checkpoint refused, exit code 2, on a game with other actions."""
-    trained, _ = run_script(script, [*train_args, "--save-model", "--eval-episodes", 0], workdir)
+    """Trained (the session's shared run of `train_args`, which saves its model), loaded with no steps to play and
+    saved again: the same `weights` state dict (no evaluation game: each costs seconds on Atari); the checkpoint
+    refused, exit code 2, on a game with other actions."""
+    trained, _ = shared_run(script, train_args)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     loaded, _ = run_script(
         script, ["--total-timesteps", 0, "--eval-episodes", 0, "--load-model", checkpoint, "--save-model"], workdir

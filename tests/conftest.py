@@ -1,13 +1,16 @@
 """pytest's hooks and fixtures for this suite: the tiers (a plain `python -m pytest` leaves out the tests marked slow
 and benchmark; `-m slow` and `-m benchmark` run them), each tier's per-test limit, the xdist workers and how tests go
-to them, `--break-learner`. Running a script is tests/script_runs.py; the shared checks are tests/checks.py; the plain
-implementations the pieces are held against are tests/reference_implementations.py."""
+to them, `--break-learner`, the folder of the runs that tests share. Running a script is tests/script_runs.py; the
+shared checks are tests/checks.py; the plain implementations the pieces are held against are
+tests/reference_implementations.py."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
-from script_runs import BREAK_LEARNER
+from script_runs import BREAK_LEARNER, SHARED_RUNS
 
 
 @pytest.fixture
@@ -33,6 +36,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--break-learner"):  # read by start_script, in xdist's workers too
         os.environ[BREAK_LEARNER] = "1"
+    if not hasattr(config, "workerinput"):  # the main process, before it starts xdist's workers, which inherit it
+        os.environ[SHARED_RUNS] = tempfile.mkdtemp(prefix="leanrl-shared-runs-")
     if config.option.markexpr and getattr(config, "workerinput", {}).get("workercount", 1) > 1:
         # the slow tier's two workers share two cores: each run takes one torch thread (OMP_NUM_THREADS, which
         # every script reads), as a user's own setting would
@@ -103,3 +108,8 @@ def pytest_terminal_summary(terminalreporter, config):
             f"{config.stash[SLOW_LEFT_OUT]} slow and benchmark tests left out: python -m pytest -m slow runs the "
             "slow ones (CI runs both tiers), -m benchmark the minutes-long learning tests"
         )
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(SHARED_RUNS), ignore_errors=True)

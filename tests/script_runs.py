@@ -4,7 +4,9 @@ runs; LEANRL_TESTS_FRESH=1 runs each in a fresh interpreter instead), its summar
 stand-in (tests/standin); a script imported as a module to test its pieces."""
 
 import atexit
+import fcntl
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -246,6 +248,31 @@ def run_script(script, args, cwd, check=True, timeout=900, env=None):
     assert json.loads(speed_lines[-1][len("SPEED ") :]) == summary
     summary["run_dir"] = run_dir
     return summary, proc
+
+
+# The runs that several tests read and none changes (a tiny run's summary, checkpoint and video) are made once a
+# session, in a folder that the session's xdist workers share (tests/conftest.py names it).
+SHARED_RUNS = "LEANRL_TESTS_SHARED_RUNS"
+
+
+def shared_run(script, args, env=None):
+    """run_script's (summary, completed process) of `script ARGS`, made by the first test of the session that asks
+    for it; a test asking while another worker makes it waits for it. Its run folder is read-only by agreement: a
+    test that changes what a run wrote makes a run of its own."""
+    key = json.dumps([script, list(map(str, args)), env or {}])
+    cwd = os.path.join(os.environ[SHARED_RUNS], hashlib.sha1(key.encode()).hexdigest()[:16])
+    with open(cwd + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = os.path.join(cwd, "record.json")
+        if not os.path.exists(record):
+            os.makedirs(cwd, exist_ok=True)
+            summary, proc = run_script(script, args, cwd, env=env)
+            with open(record + ".tmp", "w") as f:
+                json.dump({"summary": summary, "args": proc.args, "stdout": proc.stdout, "stderr": proc.stderr}, f)
+            os.replace(record + ".tmp", record)
+        with open(record) as f:
+            made = json.load(f)
+    return made["summary"], subprocess.CompletedProcess(made["args"], 0, made["stdout"], made["stderr"])
 
 
 def run_on_standin(script, args, cwd):

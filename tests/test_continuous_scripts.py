@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
-from script_runs import run_script
+from script_runs import run_script, shared_run
 
 SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]
 # A small Pendulum run: 200 random steps, then 200 updates of which 5 are warm-up.
@@ -37,7 +37,7 @@ MODES = {
 @pytest.mark.parametrize("mode", modes_here(MODES))
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_mode_writes_a_valid_summary(script, mode, workdir):
-    summary, proc = run_script(script, TINY + MODES[mode], workdir)
+    summary, proc = shared_run(script, [*TINY, *MODES[mode], "--save-model"])
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["script"] == script and summary["env_id"] == "Pendulum-v1" and summary["mode"] == mode
     assert summary["compile"] == ("compile" in mode)
@@ -74,7 +74,7 @@ def is_a_state_dict(state):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
-    trained, _ = run_script(script, TINY + ["--save-model"], workdir)
+    trained, _ = shared_run(script, [*TINY, "--save-model"])
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     assert os.path.isfile(checkpoint) and not os.path.exists(checkpoint + ".tmp")
     evaluated, _ = run_script(
@@ -186,7 +186,7 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, work
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_checkpoint_from_another_env_is_refused(script, workdir):
-    trained, _ = run_script(script, TINY + ["--save-model", "--eval-episodes", 0], workdir)
+    trained, _ = shared_run(script, [*TINY, "--save-model"])
     _, proc = run_script(
         script,
         [

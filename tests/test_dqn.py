@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
-from script_runs import load_script, run_script, start_script
+from script_runs import load_script, run_script, shared_run, start_script
 
 SCRIPT, ASYNC = "dqn.py", "dqn_atari_async.py"
 # CleanRL's dqn.py settings, dqn.py's defaults; dqn_atari_async.py's are CleanRL's dqn_atari.py's.
@@ -217,7 +217,7 @@ def test_update_equals_a_plain_td_step():
 @pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
     script, flags = MODES[mode]
-    summary, proc = run_script(script, flags + TINY, workdir, timeout=300)
+    summary, proc = shared_run(script, [*flags, *TINY, "--save-model"])
     assert SUMMARY_KEYS <= summary.keys() and summary["script"] == script
     assert summary["compile"] == ("compile" in mode) and summary.get("async_actor", False) == mode.startswith("async")
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
@@ -252,7 +252,9 @@ def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics", "return_mean"])
+    assert_same_seed_same_numbers(
+        SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics", "return_mean"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -424,10 +426,10 @@ def test_learns_cartpole_within_60k_steps(script, workdir):
 
 
 def test_checkpoint_evaluates_to_the_reported_score(workdir):
-    trained, _ = run_script(SCRIPT, TINY + ["--save-model", "--eval-episodes", 3], workdir)
+    trained, _ = shared_run(SCRIPT, [*TINY, "--save-model"])
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
-        SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 3, "--load-model", checkpoint], workdir
+        SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir
     )
     assert evaluated["eval_returns"] == trained["eval_returns"] and evaluated["steps_done"] == 0
     _, proc = run_script(

@@ -19,8 +19,9 @@ from checks import (
     assert_compiled_as_designed,
     assert_same_seed_same_numbers,
     learned_the_cue,
+    modes_here,
 )
-from script_runs import load_script, run_on_standin, run_script
+from script_runs import load_script, run_on_standin, run_script, shared_run
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
@@ -203,16 +204,16 @@ def check_summary(summary, proc, mode):
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
     script, flags = MODES[mode]
-    check_summary(*run_script(script, TINY + flags, workdir, timeout=300), mode)
+    check_summary(*shared_run(script, [*TINY, *flags, "--save-model"]), mode)
 
 
 def test_same_seed_gives_identical_runs(workdir):
     """Eager, then --cudagraphs, which without CUDA runs the same code eagerly: the same numbers."""
     first, second = assert_same_seed_same_numbers(
-        SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
+        SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
     )
     check_summary(*first, "eager")
     check_summary(*second, "cudagraphs")
@@ -279,4 +280,4 @@ def test_learns_ms_pacman_above_a_random_policy(workdir):
 
 
 def test_a_checkpoint_loads_back_to_the_same_weights(workdir):
-    assert_checkpoint_round_trip(SCRIPT, TINY, "q_network", workdir)
+    assert_checkpoint_round_trip(SCRIPT, [*TINY, "--save-model"], "q_network", workdir)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from run_bookkeeping import RunArgs
-from script_runs import ALL_SCRIPTS, SCRIPTS, load_script, run_script, start_script
+from script_runs import ALL_SCRIPTS, SCRIPTS, load_script, run_script, shared_run, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
 BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
@@ -150,6 +150,11 @@ def error_lines(stderr):
     return [line for line in stderr.splitlines() if line.startswith("error")]
 
 
+def saved_tiny_run(script, *more):
+    """The session's shared run of `script`'s tiny settings that keeps its model, with `more` arguments."""
+    return shared_run(script, [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", *more])
+
+
 @pytest.mark.parametrize("script", CASES)
 def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, workdir):
     case = CASES[script]
@@ -235,10 +240,7 @@ def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, wo
 
 @pytest.mark.parametrize("script", [script for script, case in CASES.items() if case["other"]])
 def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
-    other = CASES[script]["other"]
-    trained, _ = run_script(
-        other, [*CASES[other]["base"], *CASES[other]["tiny"], "--save-model", "--eval-episodes", 0], workdir
-    )
+    trained, _ = saved_tiny_run(CASES[script]["other"], "--eval-episodes", 0)
     with open(os.path.join(trained["run_dir"], "model.pt"), "rb") as f:
         checkpoint = f.read()
     bad = {

@@ -31,7 +31,7 @@ from checks import (
     speed_up,
 )
 from reference_implementations import reference_gae
-from script_runs import SCRIPTS, load_script, run_on_standin, run_script
+from script_runs import SCRIPTS, load_script, run_on_standin, run_script, shared_run
 
 envpool = pytest.importorskip("envpool")
 
@@ -347,7 +347,7 @@ def test_sped_up_update_equals_eager(flags):
 @BOTH
 @pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(script, mode, workdir):
-    summary, proc = run_script(script, TINY + MODES[mode], workdir)
+    summary, proc = shared_run(script, [*TINY, *MODES[mode], "--save-model"])
     assert SUMMARY_KEYS <= summary.keys() and summary["script"] == script
     assert summary["compile"] == ("compile" in mode)
     assert_compiled_as_designed(summary)
@@ -362,12 +362,12 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
+    assert_same_seed_same_numbers(SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"])
 
 
 @BOTH
 def test_checkpoint_evaluates_to_the_reported_score(script, workdir):
-    trained, _ = run_script(script, TINY + ["--save-model"], workdir)
+    trained, _ = shared_run(script, [*TINY, "--save-model"])
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
         script, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir

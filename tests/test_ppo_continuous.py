@@ -20,7 +20,7 @@ from checks import (
     speed_flag_names_here,
     speed_up,
 )
-from script_runs import load_script, run_script
+from script_runs import load_script, run_script, shared_run
 
 SCRIPT = "ppo_continuous_action.py"
 # 4 iterations of 64 steps on Pendulum, 2 epochs of 4 minibatches each.
@@ -132,7 +132,7 @@ def test_wrappers_give_what_cleanrls_gymnasium_wrappers_give():
 
 @pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
-    summary, proc = run_script(SCRIPT, TINY + MODES[mode], workdir)
+    summary, proc = shared_run(SCRIPT, [*TINY, *MODES[mode], "--save-model"])
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["mode"] == mode and summary["compile"] == ("compile" in mode)
     assert_compiled_as_designed(summary)
@@ -146,7 +146,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
+    assert_same_seed_same_numbers(SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"])
 
 
 def test_target_kl_stops_the_epochs(workdir):
@@ -155,7 +155,7 @@ def test_target_kl_stops_the_epochs(workdir):
 
 
 def test_checkpoint_restores_policy_and_observation_statistics(workdir):
-    trained, _ = run_script(SCRIPT, TINY + ["--save-model"], workdir)
+    trained, _ = shared_run(SCRIPT, [*TINY, "--save-model"])
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
         SCRIPT,

@@ -21,7 +21,7 @@ from checks import (
     loss_and_gradients,
     modes_here,
 )
-from script_runs import load_script, run_on_standin, run_script
+from script_runs import load_script, run_on_standin, run_script, shared_run
 
 envpool = pytest.importorskip("envpool")
 
@@ -47,6 +47,11 @@ MODES = {
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
+
+
+def tiny_run(impl="padded", mode_flags=()):
+    """The arguments of a tiny run that the mode, same-seed, implementation and checkpoint tests share."""
+    return [*TINY, *mode_flags, "--lstm-impl", impl, "--save-model"]
 
 
 def reference_outputs(lstm, features, h, c, starts):
@@ -183,7 +188,7 @@ def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl
 @pytest.mark.parametrize("impl", ["padded", "loop"])
 @pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
-    summary, proc = run_script(SCRIPT, TINY + MODES[mode] + ["--lstm-impl", impl], workdir)
+    summary, proc = shared_run(SCRIPT, tiny_run(impl, MODES[mode]))
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["compile"] == ("compile" in mode) and summary["lstm_impl"] == impl
     assert_compiled_as_designed(summary)
@@ -201,7 +206,7 @@ def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"])
+    assert_same_seed_same_numbers(SCRIPT, tiny_run(), workdir, ["eval_returns", "final_metrics"])
 
 
 def test_target_kl_stops_an_iterations_epochs(workdir):
@@ -213,8 +218,8 @@ def test_target_kl_stops_an_iterations_epochs(workdir):
 
 def test_padded_and_loop_runs_take_the_same_steps(workdir):
     """Same seed, same minibatches: the two implementations train to the same numbers (up to float rounding)."""
-    padded, _ = run_script(SCRIPT, TINY, workdir)
-    loop, _ = run_script(SCRIPT, TINY + ["--lstm-impl", "loop"], workdir)
+    padded, _ = shared_run(SCRIPT, tiny_run("padded"))
+    loop, _ = shared_run(SCRIPT, tiny_run("loop"))
     for name, value in loop["final_metrics"].items():
         assert padded["final_metrics"][name] == pytest.approx(value, rel=1e-3, abs=1e-5), name
 
@@ -274,4 +279,4 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
 
 
 def test_a_checkpoint_loads_back_to_the_same_weights(workdir):
-    assert_checkpoint_round_trip(SCRIPT, TINY, "agent", workdir)
+    assert_checkpoint_round_trip(SCRIPT, tiny_run(), "agent", workdir)

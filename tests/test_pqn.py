@@ -24,7 +24,7 @@ from checks import (
     speed_flags_here,
     speed_up,
 )
-from script_runs import load_script, run_on_standin, run_script
+from script_runs import load_script, run_on_standin, run_script, shared_run
 
 CLASSIC, ATARI = "pqn.py", "pqn_atari_envpool.py"
 BOTH = pytest.mark.parametrize("script", [CLASSIC, ATARI], ids=["classic", "atari"])
@@ -215,7 +215,7 @@ def test_sped_up_update_and_policy_equal_eager(script, flags):
 @pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     needs_envpool(script)
-    summary, proc = run_script(script, [*ENV[script], *TINY, *MODES[mode]], workdir)
+    summary, proc = shared_run(script, [*ENV[script], *TINY, *MODES[mode], "--save-model"])
     assert SUMMARY_KEYS <= summary.keys() and summary["script"] == script
     assert summary["compile"] == ("compile" in mode)
     assert_compiled_as_designed(summary)
@@ -230,13 +230,15 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
 @BOTH
 def test_same_seed_gives_identical_runs(script, workdir):
     needs_envpool(script)
-    assert_same_seed_same_numbers(script, [*ENV[script], *TINY], workdir, ["eval_returns", "final_metrics"])
+    assert_same_seed_same_numbers(
+        script, [*ENV[script], *TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"]
+    )
 
 
 @BOTH
 def test_checkpoint_evaluates_to_the_reported_score(script, workdir):
     needs_envpool(script)
-    trained, _ = run_script(script, [*ENV[script], *TINY, "--save-model"], workdir)
+    trained, _ = shared_run(script, [*ENV[script], *TINY, "--save-model"])
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluate = ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint]
     evaluated, _ = run_script(script, [*ENV[script], *evaluate], workdir)

@@ -26,7 +26,7 @@ from checks import (
     speed_flags_here,
     speed_up,
 )
-from script_runs import load_script, run_on_standin, run_script
+from script_runs import load_script, run_on_standin, run_script, shared_run
 
 SCRIPT = "rainbow_atari.py"
 # 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
@@ -431,7 +431,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     pytest.importorskip("envpool")
     if mode == "gymnasium":
         pytest.importorskip("ale_py")
-    summary, proc = run_script(SCRIPT, [*TINY, *MODES[mode]], workdir, timeout=300)
+    summary, proc = shared_run(SCRIPT, [*TINY, *MODES[mode], "--save-model"])
     assert SUMMARY_KEYS <= summary.keys() and summary["script"] == SCRIPT
     assert summary["compile"] == ("compile" in mode)
     assert_compiled_as_designed(summary)
@@ -449,13 +449,13 @@ def test_same_seed_gives_identical_runs(workdir):
     """Eager, then --cudagraphs, which without CUDA runs the same code eagerly: the same numbers."""
     pytest.importorskip("envpool")
     assert_same_seed_same_numbers(
-        SCRIPT, TINY, workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
+        SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
     )
 
 
 def test_a_checkpoint_loads_back_to_the_same_weights(workdir):
     pytest.importorskip("envpool")
-    assert_checkpoint_round_trip(SCRIPT, TINY, "q_network", workdir)
+    assert_checkpoint_round_trip(SCRIPT, [*TINY, "--save-model"], "q_network", workdir)
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ import glob
 import os
 
 import pytest
-from test_hard_knocks import CASES
+from test_hard_knocks import CASES, saved_tiny_run
 from test_track import the_one_error_line
 
-from script_runs import ROOT, run_script
+from script_runs import ROOT
 
 imageio = pytest.importorskip("imageio.v2")  # moviepy's own reader and writer (the [video] extra)
 
@@ -31,10 +31,9 @@ RECORDED = {
 
 
 @pytest.mark.parametrize("script", RECORDED)
-def test_capture_video_records_the_first_evaluation_game(script, workdir):
+def test_capture_video_records_the_first_evaluation_game(script):
     flags, screen = RECORDED[script]
-    args = CASES[script]["base"] + CASES[script]["tiny"] + flags + ["--eval-episodes", 1, "--capture-video"]
-    summary, _ = run_script(script, args, workdir)
+    summary, _ = saved_tiny_run(script, *flags, "--eval-episodes", 1, "--capture-video")
     videos = glob.glob(os.path.join(summary["run_dir"], "videos", "*.mp4"))
     assert len(videos) == 1, videos
     with imageio.get_reader(videos[0]) as reader:
