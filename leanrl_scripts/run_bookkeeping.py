@@ -1,19 +1,22 @@
 """Run bookkeeping for the scripts beside it: what every script needs and no reader of its algorithm comes for; no
 algorithm (networks, losses, env wrappers, replay). A script uses it in this order:
 
-    run = Run(args, RANGES)  # flags outside the script's Ranges: one line, exit code 2; seeds; the device
+    run = Run(args, RANGES)  # check_flags: one line, exit code 2, for a value outside Ranges; seeds; the device
     tune_cpu(args.torch_threads, run.device, threads=...)  # torch's CPU threads, before any tensor work
-    run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the checkpoint's contents
-    run.start()  # the run folder, TensorBoard, W&B, the signal watcher
+    run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the Checkpoint's contents
+    run.start()  # the Sinks (the run folder, TensorBoard, W&B, the progress line), the SignalWatcher
     with run.stoppable():  # a Stopped (a signal at a safe point, a non-finite loss) ends the block
         for ...:
             stop_if_signalled()  # the safe point a first Ctrl-C or SIGTERM stops at
             next_obs, ... = run.timed_env_call(envs.step, actions)
-            run.start_speed_measure(step)  # the first call starts the speed figure: warm-up left out
+            run.start_speed_measure(step)  # the first call starts the Clock's figure: warm-up left out
             run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
             run.log(step, metrics, charts=dict(learning_rate=lr))  # losses/ and charts/ in TensorBoard
     run.end_training(step, metrics)
     sys.exit(run.evaluate_and_write(evaluate, summary))  # summary.json, model.pt, the SPEED line; the exit code
+
+Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock,
+SilentSinks and Sinks, SignalWatcher.
 
 Exit codes: 2 bad input, before any work; 1 a non-finite value (no model saved); 128 + the signal after Ctrl-C
 (130) or SIGTERM (143), the summary of the steps done written in every case."""
@@ -63,7 +66,7 @@ SUMMARY_KEYS = (
     "peak_memory_mb",
     "env_seconds",
 )
-SIGNALS_RECEIVED = []  # Ctrl-C and SIGTERM as they came (Run.start's watcher notes them); read at the safe points
+SIGNALS_RECEIVED = []  # Ctrl-C and SIGTERM as they came (the SignalWatcher notes them); read at the safe points
 
 
 def _script_name():  # the script being run, without .py
@@ -275,6 +278,21 @@ def _graph_counts():  # torch.compile's graphs and graph breaks so far in this p
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
+def _run_folder(args, mode):  # runs/<env>__<script>__<seed>__<mode>__<time>, made by Sinks
+    env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+    name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}")
+    # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
+    return next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
+
+
+def _write_summary(folder, record):  # summary.json, then its line of figures and the SPEED line
+    record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
+    _write_atomic(os.path.join(folder, "summary.json"), json.dumps(record, indent=1).encode())
+    evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"
+    print(f"{record['steps_done']} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {folder}")
+    print("SPEED " + json.dumps(record), flush=True)
+
+
 def _descendants(pid):  # the processes `pid` started (an actor process, Ray's), theirs too
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -284,89 +302,69 @@ def _descendants(pid):  # the processes `pid` started (an actor process, Ray's),
     return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
-class Run:
-    """One training run's bookkeeping, in the order of the module's docstring. A method's name says what it does."""
-
-    def __init__(self, args, ranges=Ranges()):
-        """Refuses flags outside the script's `ranges` (and the shared ones), seeds Python, NumPy and torch."""
-        self.args = args
-        self.start_time = time.perf_counter()
-        if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
-            fail("--total-timesteps must be positive (0 only with --load-model)")
-        ranges.check(args)
-        Ranges(at_least_0=("eval_episodes", "torch_threads")).check(args)
-        if not 0 <= args.seed <= 2**30:  # envpool takes 31-bit seeds, NumPy 32; the scripts add offsets to theirs
-            fail(f"--seed must be from 0 to 2**30, not {args.seed}")
-        if args.load_model and not os.path.isfile(args.load_model):
-            fail(f"--load-model: no checkpoint at {args.load_model}")
-        if args.track:  # an optional extra, checked before any work
-            try:
-                import wandb
-            except ModuleNotFoundError:
-                fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
-            self.wandb = wandb
-        if args.capture_video:  # the videos are made at the end: a missing package must show before the training
-            if args.eval_episodes == 0:
-                fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
-            try:
-                import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
-            except ModuleNotFoundError:
-                fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
-        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
-        name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{self.mode}__{int(time.time())}")
-        # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
-        self.dir = next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
-        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
-        self.recent_returns = deque(maxlen=20)
-        self.env_seconds = 0.0
-        self.states = None  # what a checkpoint holds: save_and_load
-        self.stopped = None  # the Stopped that ended the run
-        self.steady_time = None  # when the speed measure started
-        self.last_step = 0  # the last step logged: what a run stopped at once reports as done
-        self.final_metrics = {}
-        self.steps_done = None  # end_training's step
-        self.written = False  # summary.json: written once, by the run or by a stop at once
-        self.writing = threading.Lock()
-        self.graphs_at_start = _graph_counts()  # what this run compiles, not what the process did before it
-        # Where the main thread waits with no safe point to come: an env call, a compile, W&B's upload. A signal
-        # while the same wait lasts a second stops the run at once (Run.start).
-        self.waiting = []
-        self.waits = 0  # the waits begun so far: a wait that ended and a new one are two
-        if args.compile:
-            from torch._dynamo.callback import on_compile_end, on_compile_start
-
-            on_compile_start(lambda _: self._wait("a compile"))
-            on_compile_end(lambda _: self.waiting.remove("a compile"))
-        # Warnings raised while the envs are made and a checkpoint checked (gymnasium's deprecated ids, say) wait for
-        # start, which shows them: a refusal before it is its one line alone.
-        self.holding_warnings = warnings.catch_warnings(record=True)
-        self.held_warnings = self.holding_warnings.__enter__()
-        self.mujoco = _mujoco()  # MuJoCo prints its model compiler's warnings itself (HalfCheetah-v5's): held too
-        self.mujoco_warnings = []
-        if self.mujoco:
-            self.mujoco.set_mju_user_warning(self.mujoco_warnings.append)
-
-    def save_and_load(self, states, **sizes):
-        """Names what a checkpoint holds, `states` (modules, optimizers, tensors, anything with a state_dict) and the
-        `sizes` they were made for: saved at the end with --save-model, loaded now with --load-model from one made
-        for the same sizes. Returns the loaded checkpoint, or None."""
-        self.states = states
-        self.sizes = sizes
-        path = self.args.load_model
-        if not path:
-            return None
+def check_flags(args, ranges):
+    """The flag checks: values outside the script's `ranges` and the shared ones, a seed the generators cannot take, a
+    checkpoint that is not there, an extra that --track or --capture-video needs and is not installed. Each is one
+    line on stderr and exit code 2, before any work."""
+    if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
+        fail("--total-timesteps must be positive (0 only with --load-model)")
+    ranges.check(args)
+    Ranges(at_least_0=("eval_episodes", "torch_threads")).check(args)
+    if not 0 <= args.seed <= 2**30:  # envpool takes 31-bit seeds, NumPy 32; the scripts add offsets to theirs
+        fail(f"--seed must be from 0 to 2**30, not {args.seed}")
+    if args.load_model and not os.path.isfile(args.load_model):
+        fail(f"--load-model: no checkpoint at {args.load_model}")
+    if args.track:
         try:
-            checkpoint = torch.load(path, map_location=self.device, weights_only=True)
-            made_for, trained_env = {key: checkpoint[key] for key in sizes}, checkpoint["env_id"]
-            for name, state in states.items() if made_for == sizes and trained_env == self.args.env_id else ():
+            import wandb  # noqa: F401
+        except ModuleNotFoundError:
+            fail('--track logs to Weights & Biases, which is not installed: pip install ".[wandb]"')
+    if args.capture_video:  # the videos are made at the end: a missing package must show before the training
+        if args.eval_episodes == 0:
+            fail("--capture-video records the evaluation: it needs --eval-episodes 1 or more")
+        try:
+            import moviepy  # noqa: F401  (gymnasium's RecordVideo and the scripts' frame writers use it)
+        except ModuleNotFoundError:
+            fail('--capture-video writes mp4 files with moviepy, which is not installed: pip install ".[video]"')
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
+
+
+def _hold_warnings():
+    """Holds the warnings raised while the envs are made and a checkpoint checked (gymnasium's deprecated ids, and
+    MuJoCo's compiler warnings, which MuJoCo prints itself): a refusal before the run starts is its one line alone.
+    Returns the function that shows them."""
+    holding = warnings.catch_warnings(record=True)
+    held = holding.__enter__()
+    mujoco, printed = _mujoco(), []
+    if mujoco:
+        mujoco.set_mju_user_warning(printed.append)
+
+    def show():
+        holding.__exit__(None, None, None)
+        if mujoco:
+            mujoco.set_mju_user_warning(None)  # MuJoCo's own printing again
+            for text in printed:
+                print(f"WARNING: {text}", file=sys.stderr)
+        for warning in held:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+    return show
+
+
+class Checkpoint:
+    """What --save-model writes and --load-model reads: the `states` a script names once (modules, optimizers, tensors,
+    anything with a state_dict) and the `sizes` they were made for. Loaded as it is made, from a checkpoint of the same
+    script, env and sizes; saved by the run at its end."""
+
+    def __init__(self, args, device, states, sizes):
+        self.env_id, self.states, self.sizes = args.env_id, states, sizes
+        self.loaded = self._load(args.load_model, device) if args.load_model else None
+
+    def _load(self, path, device):
+        try:
+            checkpoint = torch.load(path, map_location=device, weights_only=True)
+            made_for, trained_env = {key: checkpoint[key] for key in self.sizes}, checkpoint["env_id"]
+            for name, state in self.states.items() if (made_for, trained_env) == (self.sizes, self.env_id) else ():
                 if hasattr(state, "param_groups"):  # an optimizer
                     _load_keeping_settings(state, checkpoint[name])
                 elif isinstance(state, torch.Tensor):  # in place: the pieces that hold it see the loaded value
@@ -376,51 +374,235 @@ class Run:
                     state.load_state_dict(checkpoint[name])
         except Exception as error:  # empty, truncated, not a torch file, another script's checkpoint
             fail(f"--load-model: {path} is not a checkpoint of this script ({type(error).__name__})")
-        if made_for != sizes:
+        if made_for != self.sizes:
             trained = ", ".join(f"{name} {size}" for name, size in made_for.items())
-            asked = ", ".join(f"{name} {size}" for name, size in sizes.items())
-            fail(f"--load-model: {path} was trained on {trained_env} ({trained}); {self.args.env_id} has {asked}")
-        if trained_env != self.args.env_id:  # the same sizes (HalfCheetah-v5's and Walker2d-v5's), another task
-            fail(f"--load-model: {path} was trained on {trained_env}, not {self.args.env_id}")
+            asked = ", ".join(f"{name} {size}" for name, size in self.sizes.items())
+            fail(f"--load-model: {path} was trained on {trained_env} ({trained}); {self.env_id} has {asked}")
+        if trained_env != self.env_id:  # the same sizes (HalfCheetah-v5's and Walker2d-v5's), another task
+            fail(f"--load-model: {path} was trained on {trained_env}, not {self.env_id}")
         return checkpoint
 
-    def start(self, write=True):
-        """Makes the run folder, TensorBoard's writer, the W&B run and the progress bar (unless not `write`: then
-        record_episode and log write nothing, the processes of a run but its first), and
-        starts watching for Ctrl-C and SIGTERM: the first stops the run at the next safe point (stop_if_signalled); a
-        second, or one while the run waits in an env call, a compile or W&B's upload that is still going a second
-        later, stops it at once."""
-        args = self.args
-        if args.save_model and self.states is None:
-            fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
-        self.holding_warnings.__exit__(None, None, None)
-        if self.mujoco:
-            self.mujoco.set_mju_user_warning(None)  # MuJoCo's own printing again
-            for text in self.mujoco_warnings:
-                print(f"WARNING: {text}", file=sys.stderr)
-        for held in self.held_warnings:
-            warnings.showwarning(held.message, held.category, held.filename, held.lineno)
-        if write:
-            if self.args.track:  # before the SummaryWriter: sync_tensorboard follows the writers made after it
-                # W&B's files go to ./wandb: in the run folder it would follow its own copies of the events
-                names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=os.path.basename(self.dir))
-                try:
-                    self.wandb.init(**names, config=asdict(args), save_code=True, sync_tensorboard=True)
-                except Exception as error:  # no API key, no network
-                    reason = (str(error).strip() or type(error).__name__).splitlines()[0]
-                    fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
+    def save(self, path, args):
+        """The states as they stand, with the env id, the flags and the sizes, written atomically."""
+        states = {name: _state_of(state) for name, state in self.states.items()}
+        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
+        torch.save({"env_id": args.env_id, "args": asdict(args), **self.sizes, **states}, buffer)
+        _write_atomic(path, buffer.getvalue())
+
+
+class Clock:
+    """The speed figure: steps per second from the first steady step (warm-up and compilation left out) to the end of
+    the training, the envs' seconds within it, and the graphs torch.compile made before and after it."""
+
+    def __init__(self, device):
+        self.device = device
+        self.start_time = time.perf_counter()
+        self.graphs_at_start = _graph_counts()  # what this run compiles, not what the process did before it
+        self.steady_time = None
+        self.env_seconds = 0.0
+        self.steps_done = None
+
+    def add_env_seconds(self, seconds):
+        self.env_seconds += seconds
+
+    def start(self, step):
+        """Starts the steady phase at the first call; later calls do nothing."""
+        if self.steady_time is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self._start(step)
+
+    def _start(self, step):
+        self.steady_time = time.perf_counter()
+        self.steady_step = step
+        self.env_seconds = 0.0
+        self.graphs_at_steady = _graph_counts()[0] - self.graphs_at_start[0]
+
+    def sps(self, step):
+        """Steps per second of the steady phase so far, None before it."""
+        if self.steady_time is None or step <= self.steady_step:
+            return None
+        return (step - self.steady_step) / (time.perf_counter() - self.steady_time)
+
+    def stop(self, step):
+        """Ends the steady phase at `step`, the training's last (a run that ends before its steady phase has none)."""
+        if self.steady_time is None:
+            self._start(step)
+        self.steps_done = step
+        self.steady_steps = step - self.steady_step
+        self.steady_seconds = time.perf_counter() - self.steady_time
+        self.sps_figure = self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None
+
+    def per_steady_second(self, count):
+        return count / self.steady_seconds if self.steady_steps > 0 else None
+
+    def figures(self):
+        """The summary's timings and compile counts."""
+        now = time.perf_counter()
+        graphs, breaks = (now_count - before for now_count, before in zip(_graph_counts(), self.graphs_at_start))
+        return {
+            "compile_graphs": graphs,
+            "graph_breaks": breaks,
+            "graphs_after_warmup": graphs - self.graphs_at_steady,  # recompilations, paid in the steady phase
+            "sps": self.sps_figure,
+            "steady_steps": self.steady_steps,
+            "steady_seconds": self.steady_seconds,
+            "env_seconds": self.env_seconds,
+            "warmup_seconds": self.steady_time - self.start_time,
+            "total_seconds": now - self.start_time,
+            "steps_done": self.steps_done,
+        }
+
+
+class SilentSinks:
+    """The sinks of a process that writes nothing (start(write=False), the processes of a run but its first): the
+    returns of the last 20 training episodes and the non-finite check, which stops it where the first stops."""
+
+    writes = False
+
+    def __init__(self):
+        self.recent_returns = deque(maxlen=20)
+        self.last_step = 0  # the last step logged: what a run stopped at once reports as done
+
+    def record_episode(self, step, episode_return, length=None):
+        self.recent_returns.append(float(episode_return))
+
+    def record_gymnasium_episodes(self, step, infos):
+        """The episodes a gymnasium vector step ended, from each env's RecordEpisodeStatistics: under the same-step
+        autoreset they are in infos["final_info"], under the next-step one in infos itself."""
+        ended = infos.get("final_info", infos).get("episode")
+        if ended is not None:
+            for episode_return, length in zip(ended["r"][ended["_r"]], ended["l"][ended["_l"]]):
+                self.record_episode(step, episode_return, length)
+
+    def recent_return(self):
+        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
+
+    def figures(self, eval_returns):
+        """The summary's returns: the last 20 training episodes' mean, the evaluation's."""
+        mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
+        return {
+            "return_mean": mean(self.recent_returns),
+            "eval_return_mean": mean(eval_returns),
+            "eval_returns": list(eval_returns),
+        }
+
+    def log(self, step, losses, charts=None):
+        """Reads `losses` (scalar device tensors) in one sync; a non-finite one stops the run with exit code 1."""
+        values = dict(zip(losses, torch.stack(list(losses.values())).tolist())) if losses else {}
+        for name, value in values.items():
+            if not math.isfinite(value):
+                diverged = f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)"
+                raise Stopped(diverged, 1, keep_model=False)
+        self.last_step = step
+        return values
+
+    def evaluation(self, step, eval_returns):
+        pass
+
+    def end_progress(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class Sinks(SilentSinks):
+    """Where a run's numbers go: W&B (--track), TensorBoard's events in the run folder, the progress bar (a line every
+    10 s where stderr is not a terminal: a file, nohup, CI), and what SilentSinks keeps and checks."""
+
+    writes = True
+
+    def __init__(self, args, folder, clock):
+        super().__init__()
+        self.total_timesteps, self.clock = args.total_timesteps, clock
+        if args.track:  # before the SummaryWriter: sync_tensorboard follows the writers made after it
+            import wandb
+
+            # W&B's files go to ./wandb: in the run folder it would follow its own copies of the events
+            names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=os.path.basename(folder))
             try:
-                os.makedirs(self.dir)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
-                self.writer = SummaryWriter(self.dir)
-            except OSError as error:  # `runs` is a file, no permission, a read-only disk
-                fail(f"cannot make the run folder {self.dir}: {error.strerror or error}")
-            table = "".join(f"\n|{name}|{value}|" for name, value in asdict(args).items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
-            if args.cudagraphs and not self.cudagraphs:
-                print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
-            self.bar = tqdm(total=args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
-            self.next_line = time.perf_counter()
-        self.write = write
+                wandb.init(**names, config=asdict(args), save_code=True, sync_tensorboard=True)
+            except Exception as error:  # no API key, no network
+                reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+                fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
+        try:
+            os.makedirs(folder)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
+            self.writer = SummaryWriter(folder)
+        except OSError as error:  # `runs` is a file, no permission, a read-only disk
+            fail(f"cannot make the run folder {folder}: {error.strerror or error}")
+        table = "".join(f"\n|{name}|{value}|" for name, value in asdict(args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
+        self.bar = tqdm(total=args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
+        self.next_line = time.perf_counter()
+
+    def record_episode(self, step, episode_return, length=None):
+        super().record_episode(step, episode_return)
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        if length is not None:
+            self.writer.add_scalar("charts/episodic_length", length, step)
+
+    def log(self, step, losses, charts=None):
+        """`losses` under losses/ once checked, `charts` (host numbers) under charts/, the SPS and the progress."""
+        values = super().log(step, losses)
+        for kind, scalars in (("losses", values), ("charts", charts or {})):
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.bar.update(step - self.bar.n)
+        sps = self.clock.sps(step)
+        if sps is not None:
+            self.writer.add_scalar("charts/SPS", sps, step)
+            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
+            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
+            if self.bar.disable and time.perf_counter() >= self.next_line:
+                print(f"step {step}/{self.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr)
+                self.next_line = time.perf_counter() + 10
+        return values
+
+    def evaluation(self, step, eval_returns):
+        self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), step)
+
+    def end_progress(self):
+        self.bar.close()
+
+    def flush(self):
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
+
+    def finish_wandb(self, exit_code, video_folder):
+        """The evaluation videos (--capture-video) to W&B, then its end (a stopped run as failed)."""
+        import wandb
+
+        found = os.listdir(video_folder) if video_folder and os.path.isdir(video_folder) else []
+        for name in sorted(name for name in found if name.endswith(".mp4")):
+            wandb.log({"videos/eval": wandb.Video(os.path.join(video_folder, name))})
+        wandb.finish(exit_code=exit_code)
+
+
+class SignalWatcher:
+    """Ctrl-C and SIGTERM. The first stops the run at the next safe point (stop_if_signalled); a second, or one that
+    comes while the main thread waits where no safe point comes (an env call, a compile, W&B's upload) and still
+    waits a second later, calls `stop_at_once` from the watcher's own thread."""
+
+    def __init__(self, compiles):
+        self.waiting = []  # the waits the main thread is in
+        self.waits = 0  # the waits begun so far: a wait that ended and a new one are two
+        if compiles:  # --compile: torch.compile's work is a wait too
+            from torch._dynamo.callback import on_compile_end, on_compile_start
+
+            on_compile_start(lambda _: self.enter("a compile"))
+            on_compile_end(lambda _: self.leave("a compile"))
+
+    def enter(self, reason):
+        self.waiting.append(reason)
+        self.waits += 1
+
+    def leave(self, reason):
+        self.waiting.remove(reason)
+
+    def start(self, stop_at_once):
         # The signals reach a thread of their own through a pipe: the main thread may sit for minutes where no Python
         # code runs (an env call blocked in C), and a Python handler runs only there. The handler does nothing itself:
         # raising in it could interrupt a library mid-way (TensorBoard's writer queue, left with a lock taken, then
@@ -431,9 +613,9 @@ class Run:
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         signal.set_wakeup_fd(write_end)
-        threading.Thread(target=self._watch_signals, args=(read_end,), daemon=True).start()
+        threading.Thread(target=self._watch, args=(read_end, stop_at_once), daemon=True).start()
 
-    def _watch_signals(self, read_end):
+    def _watch(self, read_end, stop_at_once):
         count = 0
         while True:
             signum = os.read(read_end, 1)[0]
@@ -441,105 +623,88 @@ class Run:
                 count += 1
                 SIGNALS_RECEIVED.append(signum)
                 if count > 1 or self._still_waiting():
-                    self._stop_at_once(SIGNALS_RECEIVED[0])
+                    stop_at_once(SIGNALS_RECEIVED[0])
 
     def _still_waiting(self):  # whether the main thread is in the same wait a second later: an env step takes ms
         waits = self.waits
         time.sleep(1 if self.waiting else 0)
         return bool(self.waiting) and self.waits == waits
 
-    def _stop_at_once(self, signum):
-        """From the watcher's thread, while the main thread is busy: the summary of the steps done (no model: its
-        update may be half done), every process the run started killed, exit code 128 + signal."""
-        where = f" during {self.waiting[-1]}" if self.waiting else ""
-        self.stopped = Stopped(f"stopped by {signal.Signals(signum).name}{where}", 128 + signum)
-        with self.writing:
-            if self.write and not self.written:
-                if self.steps_done is None:  # a stop during the evaluation keeps the training's clock
-                    self._stop_clock(self.last_step)
-                self.writer.flush()
-                self._write_summary(self._summary())
-            print(f"{self.stopped}: the steps done are in {self.dir}", file=sys.stderr, flush=True)
-            for pid in _descendants(os.getpid()):
-                os.kill(pid, signal.SIGKILL)
-            os._exit(self.stopped.exit_code)
 
-    def _wait(self, reason):  # the main thread enters a wait with no safe point (leaving it: waiting.remove)
-        self.waiting.append(reason)
-        self.waits += 1
+class Run:
+    """One training run, in the order of the module's docstring: the flag checks, the seeds, the device and the run
+    folder's name, then its parts (the checkpoint, the clock, the sinks, the signal watcher); its summary and exit
+    code at the end."""
+
+    def __init__(self, args, ranges=Ranges()):
+        check_flags(args, ranges)
+        self.args = args
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
+        self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
+        self.dir = _run_folder(args, self.mode)
+        self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
+        self.checkpoint, self.clock, self.sinks = None, Clock(self.device), SilentSinks()
+        self.watcher = SignalWatcher(compiles=args.compile)
+        self.stopped = None  # the Stopped that ended the run
+        self.final_metrics = {}
+        self.written = False  # summary.json: written once, by the run or by a stop at once
+        self.writing = threading.Lock()
+        self.show_held_warnings = _hold_warnings()
+
+    def save_and_load(self, states, **sizes):
+        """Names what the checkpoint holds (Checkpoint); returns the one --load-model loaded, or None."""
+        self.checkpoint = Checkpoint(self.args, self.device, states, sizes)
+        return self.checkpoint.loaded
+
+    def start(self, write=True):
+        """Shows the held warnings; makes the run folder and the Sinks (SilentSinks unless `write`); starts the
+        SignalWatcher."""
+        if self.args.save_model and self.checkpoint is None:
+            fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
+        self.show_held_warnings()
+        if write:
+            self.sinks = Sinks(self.args, self.dir, self.clock)
+            if self.args.cudagraphs and not self.cudagraphs:
+                print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
+        self.watcher.start(self._stop_at_once)
 
     def timed_env_call(self, env_call, *args):
         """`env_call(*args)`, its time counted as the env's; a signal while it blocks stops the run at once."""
         start = time.perf_counter()
-        self._wait("an env call")
+        self.watcher.enter("an env call")
         result = env_call(*args)
-        self.waiting.remove("an env call")
-        self.add_env_seconds(time.perf_counter() - start)
+        self.watcher.leave("an env call")
+        self.clock.add_env_seconds(time.perf_counter() - start)
         return result
 
     def add_env_seconds(self, seconds):
-        """Time the envs took, counted into the summary's env_seconds: timed_env_call's, or another process's (an
-        actor's) as it reports it."""
-        self.env_seconds += seconds
+        """Env time that another process (an actor) reports, counted into the summary's env_seconds."""
+        self.clock.add_env_seconds(seconds)
 
     def start_speed_measure(self, step):
-        """Starts the speed figure at the first call, so that warm-up and compilation are left out; later calls do
-        nothing."""
-        if self.steady_time is None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            self._start_clock(step)
-
-    def _start_clock(self, step):
-        self.steady_time = time.perf_counter()
-        self.steady_step = step
-        self.env_seconds = 0.0
-        self.graphs_at_steady = _graph_counts()[0] - self.graphs_at_start[0]
+        """Starts the speed figure at the first call (Clock.start); later calls do nothing."""
+        self.clock.start(step)
 
     def record_episode(self, step, episode_return, length=None):
-        """A finished training episode: TensorBoard's charts and the recent returns of the summary."""
-        self.recent_returns.append(float(episode_return))
-        if not self.write:  # a process that writes nothing (start(write=False))
-            return
-        self.writer.add_scalar("charts/episodic_return", episode_return, step)
-        if length is not None:
-            self.writer.add_scalar("charts/episodic_length", length, step)
+        """A finished training episode, to the sinks."""
+        self.sinks.record_episode(step, episode_return, length)
 
     def recent_return(self):
         """The mean return of the last 20 training episodes (the summary's return_mean), nan before the first."""
-        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
+        return self.sinks.recent_return()
 
     def record_gymnasium_episodes(self, step, infos):
-        """The episodes a gymnasium vector step ended, from each env's RecordEpisodeStatistics: under the same-step
-        autoreset they are in infos["final_info"], under the next-step one in infos itself."""
-        ended = infos.get("final_info", infos).get("episode")
-        if ended is not None:
-            for episode_return, length in zip(ended["r"][ended["_r"]], ended["l"][ended["_l"]]):
-                self.record_episode(step, episode_return, length)
+        """A gymnasium vector step's ended episodes (SilentSinks.record_gymnasium_episodes), to the sinks."""
+        self.sinks.record_gymnasium_episodes(step, infos)
 
     def log(self, step, losses, charts=None):
-        """`losses` (scalar device tensors, read in one sync; a non-finite one stops the run with exit code 1) go to
-        TensorBoard under losses/, `charts` (host numbers) under charts/, with the SPS and a progress line."""
-        values = dict(zip(losses, torch.stack(list(losses.values())).tolist())) if losses else {}
-        for name, value in values.items():
-            if not math.isfinite(value):
-                diverged = f"step {step}: {name} is {value}, training diverged (a lower learning rate may help)"
-                raise Stopped(diverged, 1, keep_model=False)
-        if not self.write:  # a process that writes nothing stops on the same check, and logs nothing
-            return
-        for kind, scalars in (("losses", values), ("charts", charts or {})):
-            for name, value in scalars.items():
-                self.writer.add_scalar(f"{kind}/{name}", value, step)
-        self.last_step = step
-        self.bar.update(step - self.bar.n)
-        if self.steady_time is not None and step > self.steady_step:
-            sps = (step - self.steady_step) / (time.perf_counter() - self.steady_time)
-            self.writer.add_scalar("charts/SPS", sps, step)
-            recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "none yet"
-            self.bar.set_postfix(sps=f"{sps:.0f}", ret=recent, refresh=False)
-            if self.bar.disable and time.perf_counter() >= self.next_line:
-                print(f"step {step}/{self.args.total_timesteps}: {sps:.0f} SPS, return {recent}", file=sys.stderr)
-                self.next_line = time.perf_counter() + 10  # stderr is a file, nohup, CI: a line every 10 s
+        """`losses` (scalar device tensors) and `charts` (host numbers) to the sinks; a non-finite one stops the run."""
+        self.sinks.log(step, losses, charts)
 
     @contextmanager
     def stoppable(self):
@@ -550,26 +715,18 @@ class Run:
             self.stopped = self.stopped or stop
 
     def end_training(self, step, losses):
-        """Stops the speed figure's clock at `step`; the last losses are logged through the divergence check."""
+        """Stops the clock at `step`; the last losses are logged through the non-finite check."""
         self.final_metrics = {name: value.item() for name, value in losses.items()}
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self._stop_clock(step)
+        self.clock.stop(step)
         with self.stoppable():
             self.log(step, losses)
-        self.bar.close()
-
-    def _stop_clock(self, step):
-        if self.steady_time is None:  # a run that ends before its steady phase has none
-            self._start_clock(step)
-        self.steps_done = step
-        self.steady_steps = step - self.steady_step
-        self.steady_seconds = time.perf_counter() - self.steady_time
-        self.sps = self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None
+        self.sinks.end_progress()
 
     def per_steady_second(self, count):
         """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
-        return count / self.steady_seconds if self.steady_steps > 0 else None
+        return self.clock.per_steady_second(count)
 
     def exit_code(self):
         """0, or the exit code of the stop that ended the training (1: a failure, such as a diverged loss)."""
@@ -577,39 +734,45 @@ class Run:
 
     def evaluate_and_write(self, evaluate, summary):
         """Unless the run was stopped, `evaluate()` (a list of returns); then summary.json with the script's `summary`
-        keys added, model.pt with --save-model (save_and_load's states; not a diverged one), the last two
-        lines, and W&B's end. Returns the exit code for the script to exit with: 0, or the stop's."""
-        args = self.args
+        keys added, model.pt with --save-model (not a diverged one), the last two lines, and W&B's end. Returns the
+        exit code for the script to exit with: 0, or the stop's."""
         eval_returns = []
-        if args.eval_episodes > 0 and not self.stopped:
+        if self.args.eval_episodes > 0 and not self.stopped:
             with self.stoppable():
                 eval_returns = evaluate()
-                self.writer.add_scalar("eval/episodic_return", np.mean(eval_returns), self.steps_done)
+                self.sinks.evaluation(self.clock.steps_done, eval_returns)
         with self.writing:  # a second signal now waits for the files, about a second, then stops the run
-            self.writer.close()
-            self._write_summary({**self._summary(eval_returns), **summary})
-            if args.save_model and (self.stopped is None or self.stopped.keep_model):  # as it stood, also after a stop
-                states = {name: _state_of(state) for name, state in self.states.items()}
-                buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-                torch.save({"env_id": args.env_id, "args": asdict(args), **self.sizes, **states}, buffer)
-                _write_atomic(os.path.join(self.dir, "model.pt"), buffer.getvalue())
-        if args.track:  # the evaluation videos (--capture-video), then W&B ends the run (a stopped one as failed)
-            self._wait("W&B's upload")
-            videos = self.video_folder
-            found = os.listdir(videos) if videos and os.path.isdir(videos) else []
-            for name in sorted(name for name in found if name.endswith(".mp4")):
-                self.wandb.log({"videos/eval": self.wandb.Video(os.path.join(videos, name))})
-            self.wandb.finish(exit_code=self.stopped.exit_code if self.stopped else 0)
+            self.sinks.close()
+            _write_summary(self.dir, {**self._summary(eval_returns), **summary})
+            self.written = True
+            if self.args.save_model and (self.stopped is None or self.stopped.keep_model):  # also after a stop
+                self.checkpoint.save(os.path.join(self.dir, "model.pt"), self.args)
+        if self.args.track:
+            self.watcher.enter("W&B's upload")
+            self.sinks.finish_wandb(self.exit_code(), self.video_folder)
         if self.stopped:
             done = f": the steps done are in {self.dir}"
             print(f"error: {self.stopped}" if self.stopped.exit_code == 1 else f"{self.stopped}{done}", file=sys.stderr)
         return self.exit_code()
 
+    def _stop_at_once(self, signum):
+        """From the watcher's thread, while the main thread is busy: the summary of the steps done (no model: its
+        update may be half done), every process the run started killed, exit code 128 + signal."""
+        where = f" during {self.watcher.waiting[-1]}" if self.watcher.waiting else ""
+        self.stopped = Stopped(f"stopped by {signal.Signals(signum).name}{where}", 128 + signum)
+        with self.writing:
+            if self.sinks.writes and not self.written:
+                if self.clock.steps_done is None:  # a stop during the evaluation keeps the training's clock
+                    self.clock.stop(self.sinks.last_step)
+                self.sinks.flush()
+                _write_summary(self.dir, self._summary())
+            print(f"{self.stopped}: the steps done are in {self.dir}", file=sys.stderr, flush=True)
+            for pid in _descendants(os.getpid()):
+                os.kill(pid, signal.SIGKILL)
+            os._exit(self.stopped.exit_code)
+
     def _summary(self, eval_returns=()):  # SUMMARY_KEYS, and how the run ran
-        args = self.args
-        now = time.perf_counter()
-        graphs, breaks = (now - before for now, before in zip(_graph_counts(), self.graphs_at_start))
-        mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
+        args, cuda = self.args, self.device.type == "cuda"
         record = {key: getattr(args, key, None) for key in ("env_id", "seed", "num_envs", "total_timesteps", "compile")}
         return {
             **record,  # num_envs: a script without --num-envs gives it in its summary
@@ -622,28 +785,10 @@ class Run:
             "torch_threads": torch.get_num_threads(),
             # libgomp's short spin, read when torch loaded it (PPO-LSTM sets it at import): it moves the speed
             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
-            "compile_graphs": graphs,
-            "graph_breaks": breaks,
-            "graphs_after_warmup": graphs - self.graphs_at_steady,  # recompilations, paid in the steady phase
-            **{key: getattr(self, key) for key in ("sps", "steady_steps", "steady_seconds", "env_seconds")},
-            "warmup_seconds": self.steady_time - self.start_time,
-            "total_seconds": now - self.start_time,
-            "return_mean": mean(self.recent_returns),
-            "eval_return_mean": mean(eval_returns),
-            "eval_returns": list(eval_returns),
+            **self.clock.figures(),
+            **self.sinks.figures(eval_returns),
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "final_metrics": self.final_metrics,
-            "steps_done": self.steps_done,
             "stopped": str(self.stopped) if self.stopped else None,
-            **(
-                {"peak_cuda_memory_mb": torch.cuda.max_memory_allocated() / 2**20} if self.device.type == "cuda" else {}
-            ),
+            **({"peak_cuda_memory_mb": torch.cuda.max_memory_allocated() / 2**20} if cuda else {}),
         }
-
-    def _write_summary(self, record):  # summary.json, then its line of figures and the SPEED line
-        record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
-        _write_atomic(os.path.join(self.dir, "summary.json"), json.dumps(record, indent=1).encode())
-        self.written = True
-        evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"
-        print(f"{self.steps_done} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {self.dir}")
-        print("SPEED " + json.dumps(record), flush=True)
