@@ -20,7 +20,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, check_spaces, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -85,10 +85,7 @@ def make_envs(env_id, num_envs, seed=0, video_folder=None):
         fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
     except Exception as error:
         fail(f"{env_id}: {error}")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        fail(f"{env_id} has {envs.single_action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
-    if not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
-        fail(f"{env_id} has observations {envs.single_observation_space}: this script needs a flat (1-D Box) one")
+    check_spaces(env_id, envs.single_action_space, gym.spaces.Discrete, envs.single_observation_space, gym.spaces.Box)
     envs.action_space.seed(seed)
     return envs
 

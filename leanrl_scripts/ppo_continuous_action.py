@@ -20,7 +20,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled, tune_cpu
 
 
 @dataclass
@@ -88,8 +88,7 @@ def make_env(env_id, gamma, training, video_folder=None):
 
     def thunk():
         env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
-        if not isinstance(env.action_space, gym.spaces.Box):  # before ClipAction, which asserts it
-            fail(f"{env_id} has {env.action_space}: this script needs continuous (Box) actions")
+        check_spaces(env_id, env.action_space, gym.spaces.Box)  # before ClipAction, which asserts it
         if video_folder:
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
         env = gym.wrappers.FlattenObservation(env)

@@ -133,6 +133,19 @@ class Ranges:
                 )
 
 
+def check_spaces(env_id, actions, needs, observations=None, flat=None, hint="this script needs a flat (1-D Box) one"):
+    """Spaces the script cannot take are one line, exit code 2: actions not of the space class `needs`, observations
+    (where given) not a flat (1-D) `flat`. The script passes gymnasium's classes (Discrete, Box): the module imports no
+    env library."""
+    if not isinstance(actions, needs):
+        kind = "continuous (Box) actions"
+        if needs.__name__ == "Discrete":
+            kind = "discrete actions (continuous ones: sac, td3, ppo)"
+        fail(f"{env_id} has {actions}: {_script_name()}.py needs {kind}")
+    if observations is not None and (not isinstance(observations, flat) or len(observations.shape) != 1):
+        fail(f"{env_id} has observations {observations}: {hint}")
+
+
 def check_fits(num_bytes, device, flag):
     """A buffer larger than the device's memory fails now (exit code 2), not hours later as its pages fill."""
     cuda = device.type == "cuda"

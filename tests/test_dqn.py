@@ -260,7 +260,7 @@ def test_same_seed_gives_identical_runs(workdir):
 @pytest.mark.parametrize(
     "script, args, message",
     [
-        ("dqn.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
+        ("dqn.py", ["--env-id", "Pendulum-v1"], "dqn.py needs discrete actions"),
         ("dqn.py", ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
         ("dqn.py", ["--env-id", "tests.image_env:MovedAway-v0"], "moved to another package"),
         ("dqn.py", ["--env-id", "tests.image_env:Broken-v0"], "the ROM of this game is missing"),

@@ -253,7 +253,7 @@ def test_checkpoint_evaluates_to_the_reported_score(script, workdir):
     "script, args, message",
     [
         (CLASSIC, ["--env-id", "Foo-v1"], "unknown env id 'Foo-v1'"),
-        (CLASSIC, ["--env-id", "Pendulum-v1"], "PQN needs discrete actions"),
+        (CLASSIC, ["--env-id", "Pendulum-v1"], "pqn.py needs discrete actions"),
         (CLASSIC, ["--num-minibatches", 3], "must divide num_envs x num_steps"),
         (CLASSIC, ["--q-lambda", 1.5], "--q-lambda must be in [0, 1]"),
         (CLASSIC, ["--total-timesteps", 100], "less than one rollout"),

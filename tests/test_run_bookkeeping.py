@@ -28,10 +28,10 @@ from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 # env call or a compile (a thread that watches the signals, the summary written from it, the processes the run started
 # killed).
 MAX_TOKENS = {
-    "sac_continuous_action.py": 2928,
-    "td3_continuous_action.py": 2618,
-    "ppo_continuous_action.py": 3153,
-    "dqn.py": 2224,
+    "sac_continuous_action.py": 2905,
+    "td3_continuous_action.py": 2595,
+    "ppo_continuous_action.py": 3150,
+    "dqn.py": 2201,
     "ppo_atari_envpool.py": 2758,
     "ppo_atari_envpool_async.py": 2939,
     "ppo_atari_lstm.py": 3881,
@@ -39,10 +39,10 @@ MAX_TOKENS = {
     "dqn_atari.py": 3079,
     "dqn_atari_async.py": 5165,
     "impala_ray.py": 6734,
-    "pqn.py": 2167,
+    "pqn.py": 2144,
     "pqn_atari_envpool.py": 2519,
     "rainbow_atari.py": 4645,
-    MODULE: 4956,
+    MODULE: 5033,
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
@@ -76,6 +76,7 @@ PUBLIC = {
     "game_mp4",
     "stop_if_signalled",
     "check_fits",
+    "check_spaces",
     "tune_cpu",
     "usable_cores",
 }
@@ -258,7 +259,7 @@ def test_a_loaded_optimizer_keeps_the_script_settings_and_takes_the_checkpoint_s
 
 @pytest.fixture
 def signals_kept():
-    """The SignalWatcher's signal handlers and wakeup pipe, taken back after a test that starts a run in this process."""
+    """The SignalWatcher's handlers and wakeup pipe, taken back after a test that starts a run in this process."""
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield
     signal.set_wakeup_fd(-1)
