@@ -1,8 +1,5 @@
-"""DQN (Mnih et al. 2015) with an actor process, on Atari or classic control, one file.
-
-The actor plays into shared-memory replay while the learner trains; a rate limiter holds gradient samples per
-transition at batch_size / train_frequency. Cost: a band of extra rows (on CUDA, a device copy too); runs are not
-bit-reproducible.
+"""DQN with an actor process playing into shared-memory replay while the learner trains, a rate limiter holding
+the replay ratio; Atari or classic control (docs/dqn.md).
     python leanrl_scripts/dqn_atari_async.py --env-id Breakout-v5 --compile
 """
 
@@ -20,7 +17,7 @@ from fractions import Fraction
 from functools import partial
 from typing import Literal
 
-# Before torch loads: idle OpenMP threads sleep (a wake-up per kernel), not spin on the actor's cores.
+# before torch loads: idle OpenMP threads sleep, not spin on the actor's core
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
@@ -43,7 +40,7 @@ from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, st
 @dataclass
 class Args(RunArgs):
     env_id: str = "Breakout-v5"
-    """an Atari game as envpool names it (Breakout-v5), or a flat-observation gymnasium id (CartPole-v1, an MLP)"""
+    """an envpool Atari id (Breakout-v5) or a flat-observation gymnasium id (CartPole-v1)"""
     env_backend: Literal["envpool", "gymnasium"] = "envpool"
     """Atari: envpool, or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
@@ -75,7 +72,7 @@ class Args(RunArgs):
     actor_sync_every: int = 10
     """updates between copies of the learner's weights to the actor"""
     replay_tolerance: float = 0.1
-    """how far the replay ratio may drift, as a fraction of learning_starts x ratio samples"""
+    """the replay ratio's band, a fraction of learning_starts x ratio samples"""
     measure_burnin: int = 50
     """updates the speed figure leaves out (compilation, graph capture)"""
 
@@ -92,7 +89,7 @@ LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
 
 class EpisodicLife(gym.Wrapper):
-    """Lost lives end episodes, not the game; info keeps the raw reward and game end."""
+    """Lost lives end episodes; info keeps the raw reward and the game's end."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -152,24 +149,23 @@ def make_classic_env(env_id, render=False):
 
 
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
-    """Atari (a lost life ending an episode) or classic control; the step after an episode's end is a reset, not a
-    transition."""
+    """Atari or classic control envs; after an episode's end comes a reset step."""
     classic = env_id in gym.registry
     if not classic and backend == "envpool":
         try:
-            import envpool  # the other envs run without it
+            import envpool
         except ModuleNotFoundError:
             fail('envpool is not installed: pip install ".[envpool]" (or run with --env-backend gymnasium)')
         if env_id not in envpool.list_all_envs():
             fail(f"unknown env id '{env_id}': an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1)")
         if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
             fail(f"{env_id} is not an Atari game (continuous control: sac_continuous_action.py)")
-        threads = min(num_envs, usable_cores())  # envpool's default counts the host's cores
+        threads = min(num_envs, usable_cores())
         game = dict(episodic_life=True, reward_clip=True, render_mode="rgb_array" if render else None)
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=seed, **game)
     if not classic:
         try:
-            import ale_py  # registers the ALE/ ids
+            import ale_py
         except ModuleNotFoundError:
             ale_py = None
         if ale_py is None or cv2 is None:
@@ -185,12 +181,12 @@ def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
 
 
 def game_over(infos, terminations, truncations):
-    """The end of a whole game: on Atari info["terminated"], else the episode's."""
+    """A whole game's end: info["terminated"] on Atari, else the episode's."""
     return np.asarray(infos.get("terminated", terminations), dtype=bool) | truncations
 
 
 class QNetwork(nn.Module):
-    """The Nature DQN network, channels-last (mkldnn's fast CPU kernels), or CleanRL's MLP on a stack of one."""
+    """The Nature DQN network (channels-last) or CleanRL's MLP."""
 
     def __init__(self, obs_shape, num_actions):
         super().__init__()
@@ -225,52 +221,49 @@ class QNetwork(nn.Module):
 
 
 class FrameReplay:
-    """Replay storage with each frame once, in shared memory: row t of lane e holds env e's t-th frame, its step's
-    action, reward, termination, `valid` (not a reset step) and `first` (a stack starts). `extra_rows` take the
-    actor's writes while the learner gathers a batch."""
+    """Replay in shared memory, each frame once (row t, lane e: env e's t-th step); `extra_rows` take the actor's
+    writes during a sample."""
 
     columns = ("frames", "actions", "rewards", "terminations", "valid", "first")
 
     def __init__(self, buffer_size, num_envs, obs_shape, frame_dtype, extra_rows):
         self.buffer_rows = math.ceil(buffer_size / num_envs)
         self.stack = obs_shape[0]
-        rows = self.buffer_rows + extra_rows + self.stack  # the oldest sampled row keeps its stack
-        # empty: pages fault in as rows fill; only written rows are read
+        rows = self.buffer_rows + extra_rows + self.stack
         self.frames = torch.empty((rows, num_envs, *obs_shape[1:]), dtype=frame_dtype)
         self.actions = torch.zeros((rows, num_envs), dtype=torch.long)
         self.rewards, self.terminations = (torch.zeros((rows, num_envs)) for _ in range(2))
         self.valid, self.first = (torch.zeros((rows, num_envs), dtype=torch.bool) for _ in range(2))
         self.next_valid = np.ones(num_envs, dtype=bool)
         self.next_first = np.ones(num_envs, dtype=bool)
-        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late
+        self.restarting = np.zeros(num_envs, dtype=bool)
         for name in self.columns:
             getattr(self, name).share_memory_()
 
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
-        """`reset`: envs whose next step is a reset; `restart`: those whose stack restarts."""
+        """`reset`: envs whose next step resets; `restart`: whose stack restarts."""
         row = step % len(self.frames)
         flags = (self.next_valid, self.next_first)
         self.next_valid, self.next_first, self.restarting = ~reset, self.restarting, restart
         for name, value in zip(self.columns, (obs[:, -1], actions, rewards, terminations, *flags)):
-            getattr(self, name).numpy()[row] = value  # numpy's assignment costs less per call than torch's
+            getattr(self, name).numpy()[row] = value  # numpy's assignment is cheaper per call
 
     def mirror(self, device):
-        """An empty copy on `device`, filled by catch_up, for the learner to sample: gathering batches on the host
-        and copying them over had bound the run on CUDA."""
+        """An empty copy on `device`, which catch_up fills."""
         mirror = copy.copy(self)
         for name in self.columns:
             setattr(mirror, name, torch.zeros_like(getattr(self, name), device=device))
-        mirror.copied = 0  # vector steps copied in so far
+        mirror.copied = 0
         return mirror
 
     def catch_up(self, source, steps):
-        """Copies in the rows of vector steps self.copied to steps - 1 from `source`."""
+        """Copies in `source`'s rows since the last call."""
         rows = len(self.frames)
         start = max(self.copied, steps - len(self.frames))
         while start < steps:
             row = start % rows
             block = slice(row, row + min(steps - start, rows - row))
-            for name in self.columns:  # pinned on CUDA: a pageable copy waits for the GPU's queue
+            for name in self.columns:  # pinned: a pageable copy would wait for the GPU
                 new_rows = getattr(source, name)[block]
                 new_rows = new_rows.pin_memory() if self.frames.is_cuda else new_rows
                 getattr(self, name)[block].copy_(new_rows, non_blocking=True)
@@ -278,7 +271,7 @@ class FrameReplay:
         self.copied = steps
 
     def sample(self, steps, batch_size):
-        """Uniform valid transitions: draw twice the batch, keep the first valid (exact unless over half are resets)."""
+        """Uniform valid transitions: twice the batch drawn, the first valid kept."""
         rows = len(self.frames)
         lanes = self.frames.shape[1]
         age = torch.randint(0, min(steps - 1, self.buffer_rows), (2 * batch_size,), device=self.frames.device)
@@ -290,18 +283,17 @@ class FrameReplay:
         return obs, self.actions[row, lane], self.rewards[row, lane], next_obs, self.terminations[row, lane]
 
     def stacks(self, row, lane):
-        """Stacks of rows `row` and `row + 1`."""
         rows = len(self.frames)
         chain = [(row + 1) % rows]
         for _ in range(self.stack):
             chain.append(torch.where(self.first[chain[-1], lane], chain[-1], (chain[-1] - 1) % rows))
-        frames = self.frames[torch.stack(chain[::-1], 1), lane[:, None]]  # (batch, stack + 1, *frame)
+        frames = self.frames[torch.stack(chain[::-1], 1), lane[:, None]]
         return frames[:, :-1], frames[:, 1:]
 
 
 @contextmanager
 def hold_lock(lock, other_alive):
-    """`lock`, checking each second that the other process lives: one killed holding it never releases it."""
+    """`lock`, while the other process lives."""
     while not lock.acquire(timeout=1.0):
         if not other_alive():
             raise ChildProcessError("the other side of the replay storage stopped")
@@ -316,16 +308,15 @@ class Counts(ctypes.Structure):
 
 
 class RateLimiter:
-    """Reverb's SampleToInsertRatio: diff = inserts x spi - samples stays within min_size x spi +- error_buffer
-    (scaled by q, spi = p / q: exact integers); samples wait for min_size inserts. Counts in shared memory, one
-    writer each, so no mutex: a waiting side sleeps on a semaphore the other posts (a killed process holds no lock)."""
+    """Reverb's SampleToInsertRatio in shared memory: inserts x spi - samples stays within min_size x spi +-
+    error_buffer."""
 
     def __init__(self, samples_per_insert, min_size, error_buffer, ctx):
         ratio = Fraction(samples_per_insert)
         self.p = ratio.numerator
         self.q = ratio.denominator
         self.min_size = min_size
-        self.min_scaled = min_size * self.p - error_buffer * self.q  # (min_size x spi - error_buffer) x q
+        self.min_scaled = min_size * self.p - error_buffer * self.q
         self.max_scaled = min_size * self.p + error_buffer * self.q
         self.counts = ctx.RawValue(Counts)
         self.insert_posted = ctx.Semaphore(0)
@@ -353,13 +344,13 @@ class RateLimiter:
         )
 
     def _wait(self, ready, posted, other_alive):
-        """True once `ready()`, False if closed first; checks each second that the other side lives."""
+        """True once `ready()`, False if closed first."""
         while not ready():
             if self.counts.closed:
                 return False
             if not posted.acquire(timeout=1.0) and not other_alive():
                 raise ChildProcessError("the other side of the replay storage stopped")
-            stop_if_signalled()  # Ctrl-C while waiting (the actor ignores it)
+            stop_if_signalled()
         return True
 
     def add_inserts(self, n):
@@ -377,12 +368,10 @@ class RateLimiter:
 
 
 def policy(obs, *, q_network):
-    """Greedy actions."""
     return q_network(obs).argmax(-1)
 
 
 def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_network, gamma):
-    """The TD loss and its metrics."""
     with torch.no_grad():
         target_max = target_network(next_obs).max(-1).values
         td_target = rewards + gamma * target_max * (1 - terminations)
@@ -392,7 +381,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, optimizer):
-    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
+    """One TD step (backward and Adam outside `loss_fn`)."""
     loss, metrics = loss_fn(*batch)
     optimizer.zero_grad()
     loss.backward()
@@ -401,13 +390,13 @@ def update(*batch, loss_fn, optimizer):
 
 
 def epsilon_at(step, args):
-    """CleanRL's linear_schedule of epsilon."""
+    """CleanRL's linear_schedule."""
     slope = (args.end_e - args.start_e) / (args.exploration_fraction * args.total_timesteps)
     return max(slope * step + args.start_e, args.end_e)
 
 
 def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
-    """Host coins: the network runs only when some env exploits."""
+    """The network runs only when some env exploits."""
     exploit = rng.random(len(obs)) >= epsilon
     if not exploit.any():
         return rng.integers(num_actions, size=len(obs))
@@ -416,7 +405,7 @@ def epsilon_greedy(policy_step, obs, epsilon, rng, num_actions, device):
 
 
 class DeviceCopy:
-    """The actor's GPU network, refreshed from the `shared` CPU copy when `version` moves."""
+    """The actor's GPU network, refreshed from the `shared` CPU copy."""
 
     def __init__(self, shared, version, device):
         self.network = copy.deepcopy(shared).to(device)
@@ -425,21 +414,18 @@ class DeviceCopy:
         self.params, self.shared_params = from_module(self.network), from_module(shared)
 
     def refresh(self):
-        """Call under the weights lock: the shared copy is whole there."""
         if self.version.value != self.seen:
             self.seen = self.version.value
             self.params.update_(self.shared_params)
 
 
 def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, device):
-    """The actor process: epsilon-greedy steps into the storage as the limiter allows; scores, env time and errors
-    go to `reports`."""
-    parent_alive = mp.parent_process().is_alive  # right even if it died while this one started
+    """The actor process: epsilon-greedy steps as the limiter allows."""
+    parent_alive = mp.parent_process().is_alive
     try:
-        torch.set_num_threads(1)  # one core plays, the others train
+        torch.set_num_threads(1)
         envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
-        # On CUDA it acts on the GPU (its own CUDA context), faster than on a CPU copy. Eager: compiled it was no
-        # faster on one thread, and a cold compile here would hold the learner up.
+        # eager: on one thread compiled was no faster, and would hold the learner up
         device_copy = DeviceCopy(q_network, version, device) if device.type == "cuda" else None
         acting_device = device if device_copy else torch.device("cpu")
         acting = device_copy.network if device_copy else q_network
@@ -451,9 +437,9 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
         lengths = np.zeros(args.num_envs, int)
         env_seconds = 0.0
         for step in range(args.total_timesteps // args.num_envs):
-            if not limiter.await_insert(args.num_envs, parent_alive):  # closed: the learner is done
+            if not limiter.await_insert(args.num_envs, parent_alive):
                 break
-            with hold_lock(weights_lock, parent_alive):  # the learner writes new weights under it
+            with hold_lock(weights_lock, parent_alive):
                 if device_copy:
                     device_copy.refresh()
                 epsilon = epsilon_at(step * args.num_envs, args)
@@ -462,10 +448,10 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
             next_obs, rewards, terminations, truncations, infos = envs.step(actions.astype(np.int32))
             env_seconds += time.perf_counter() - env_start
             ended = game_over(infos, terminations, truncations)
-            reset = terminations | truncations  # see make_envs
+            reset = terminations | truncations
             restart = ended if args.env_backend == "envpool" else reset  # envpool keeps its stack past a lost life
             rb.add(step, obs, actions, rewards, terminations, reset, restart)
-            limiter.add_inserts(args.num_envs)  # after the row is written: the learner may sample it now
+            limiter.add_inserts(args.num_envs)
             scores, lengths = scores + infos.get("reward", rewards), lengths + 1  # info["reward"] is unclipped
             if ended.any():
                 games = [((step + 1) * args.num_envs, *game) for game in zip(scores[ended], lengths[ended])]
@@ -478,11 +464,11 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
         reports.put(("error", traceback.format_exc()))
         sys.exit(1)
     finally:
-        limiter.close()  # wakes a learner waiting for transitions that will not come
+        limiter.close()
 
 
 class ActorProcess:
-    """The actor in its own process, spawned: fork would copy the learner's threads and locks mid-flight."""
+    """The actor, spawned (fork would copy the learner's threads and locks)."""
 
     def __init__(self, ctx, args, rb, limiter, q_network, device):
         self.limiter = limiter
@@ -491,19 +477,19 @@ class ActorProcess:
         self.error = None
         self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
         self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
-        self.version = ctx.Value("Q", 0, lock=False)  # weight writes so far, under weights_lock
+        self.version = ctx.Value("Q", 0, lock=False)
         self.process = ctx.Process(
             target=run_actor,
             daemon=True,
             args=(args, rb, limiter, self.q_network, self.version, self.weights_lock, self.reports, device),
         )
-        # Ctrl-C reaches the process group: the actor ignores it from its start; the learner stops it.
+        # the actor ignores Ctrl-C; the learner stops it
         sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.process.start()
         signal.signal(signal.SIGINT, sigint)
 
     def alive(self):
-        return self.process.exitcode in (None, 0)  # 0: done playing; the updates it is owed remain
+        return self.process.exitcode in (None, 0)
 
     def load_weights(self, params):
         if not self.alive():
@@ -513,7 +499,6 @@ class ActorProcess:
             self.version.value += 1
 
     def drain(self, run):
-        """The actor's reports to the run."""
         while not self.reports.empty():
             kind, *content = self.reports.get()
             if kind == "error":
@@ -522,11 +507,11 @@ class ActorProcess:
             games, env_seconds = content
             for step, score, length in games:
                 run.record_episode(step, score, length)
-            run.add_env_seconds(env_seconds - self.env_seconds)  # the actor reports its total
+            run.add_env_seconds(env_seconds - self.env_seconds)
             self.env_seconds = env_seconds
 
     def stop(self, run, timeout=5):
-        """Waits for the actor to exit, draining (unread queue data blocks an exit), then ends it."""
+        """Ends the actor, draining its queue (unread data blocks an exit)."""
         deadline = time.monotonic() + timeout
         while self.process.is_alive() and time.monotonic() < deadline:
             self.drain(run)
@@ -538,7 +523,6 @@ class ActorProcess:
         self.drain(run)
 
     def failure(self):
-        """Why the actor stopped."""
         code = self.process.exitcode
         if self.error:
             return self.error.strip().splitlines()[-1]
@@ -551,12 +535,11 @@ def first_screen(envs):
 
 @torch.no_grad()
 def evaluate(q_network, args, device, video_folder=None):
-    """Scores of whole games: greedy on classic control, on Atari at epsilon 0.05 (a greedy agent can stall)."""
+    """Scores of whole games, at epsilon 0.05 on Atari (a greedy agent can stall)."""
     envs = make_envs(
         args.env_id, args.eval_episodes, args.seed + 10_000, args.env_backend, render=video_folder is not None
     )
     obs, _ = envs.reset()
-    # an Atari step is 4 frames at 60 Hz
     fps = 15 if q_network.pixels else envs.envs[0].metadata.get("render_fps", 30)
     video = game_mp4(video_folder, first_screen(envs), fps) if video_folder else None
     rng = np.random.default_rng(args.seed)
@@ -581,7 +564,7 @@ def evaluate(q_network, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids
     run = Run(args, RANGES)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
@@ -589,20 +572,17 @@ if __name__ == "__main__":
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
 
-    envs = make_envs(args.env_id, 1, args.seed, args.env_backend)  # for its spaces; the actor makes its own
+    envs = make_envs(args.env_id, 1, args.seed, args.env_backend)  # for its spaces
     obs_space = getattr(envs, "single_observation_space", envs.observation_space)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     envs.close()
     q_network = QNetwork(obs_space.shape, num_actions).to(device)
-    # the usable cores less the actor's; one for an MLP, too small to share
     tune_cpu(args.torch_threads, device, threads=usable_cores() - 1 if q_network.pixels else 1)
     frame_dtype = torch.uint8 if q_network.pixels else torch.float32
-    # in host memory and, on CUDA, the GPU
     frame_bytes = math.prod(obs_space.shape[1:]) * frame_dtype.itemsize
     for storage_device in {torch.device("cpu"), device}:
         check_fits(args.buffer_size * (frame_bytes + 18), storage_device, "--buffer-size")
     target_network = QNetwork(obs_space.shape, num_actions).to(device).requires_grad_(False)
-    # tensor lr, capturable Adam: CUDA graphs can replay the step
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)
     run.save_and_load(
@@ -612,37 +592,36 @@ if __name__ == "__main__":
     target_params = from_module(target_network)
     online_params = from_module(q_network).data
 
-    # --compile: the learner's loss only (the actor acts eagerly), compiled, then bound
     loss_fn = torch.compile(td_loss) if args.compile else td_loss
     loss_step = partial(loss_fn, q_network=q_network, target_network=target_network, gamma=args.gamma)
     update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
-    if run.cudagraphs:  # captured after warm-up calls (compilation, Adam's state)
+    if run.cudagraphs:
         update_step = CudaGraphModule(update_step, warmup=5)
 
     ctx = mp.get_context("spawn")
-    # The band must fit one actor step and one batch, or each side could wait on the other forever.
+    # a band too narrow for one actor step and one batch would deadlock
     replay_ratio = Fraction(args.batch_size, args.train_frequency)
     tolerance = args.replay_tolerance * args.learning_starts * replay_ratio
     error_buffer = float(max(tolerance, args.num_envs * replay_ratio + args.batch_size))
     limiter = RateLimiter(replay_ratio, args.learning_starts, error_buffer, ctx)
-    # The most rows the actor can write while the learner gathers a batch (the band then stops it).
+    # the actor's most rows during a sample
     extra_rows = math.ceil(2 * error_buffer / replay_ratio / args.num_envs) + 1
     rb = FrameReplay(args.buffer_size, args.num_envs, obs_space.shape, frame_dtype, extra_rows)
     played = args.total_timesteps // args.num_envs * args.num_envs
     total_updates = max(0, played - args.learning_starts) // args.train_frequency
-    target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
+    target_every = max(1, args.target_network_frequency // args.train_frequency)
     num_updates = 0
     metrics = {}
     wait_seconds = 0.0
     run.start()
     actor = ActorProcess(ctx, args, rb, limiter, q_network, device)
-    sampled = rb.mirror(device) if device.type == "cuda" else rb  # after the actor process has taken its rb
+    sampled = rb.mirror(device) if device.type == "cuda" else rb
     try:
         with run.stoppable():
-            while num_updates < total_updates:  # the updates owed end the run
+            while num_updates < total_updates:
                 stop_if_signalled()
                 wait_start = time.perf_counter()
-                if not limiter.await_sample(args.batch_size, actor.alive):  # closed, and updates are still owed
+                if not limiter.await_sample(args.batch_size, actor.alive):
                     raise ChildProcessError("the actor stopped")
                 wait_seconds += time.perf_counter() - wait_start
                 if num_updates == args.measure_burnin:
@@ -665,12 +644,12 @@ if __name__ == "__main__":
                     step = limiter.inserts
                     replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
                     run.log(step, metrics, charts=dict(epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now))
-            actor.stop(run, timeout=60)  # every update done: the actor plays its last steps
+            actor.stop(run, timeout=60)
     except ChildProcessError:
         actor.stop(run)
         print(f"error: the actor process died ({actor.failure()}); the learner stops", file=sys.stderr)
         sys.exit(1)
-    actor.stop(run)  # after a stop: the closed limiter ends the actor at its next step
+    actor.stop(run)
     run.end_training(limiter.inserts, metrics)
 
     summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates}
