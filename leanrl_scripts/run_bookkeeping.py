@@ -444,7 +444,6 @@ class Clock:
         self.steps_done = step
         self.steady_steps = step - self.steady_step
         self.steady_seconds = time.perf_counter() - self.steady_time
-        self.sps_figure = self.steady_steps / self.steady_seconds if self.steady_steps > 0 else None
 
     def per_steady_second(self, count):
         return count / self.steady_seconds if self.steady_steps > 0 else None
@@ -457,7 +456,7 @@ class Clock:
             "compile_graphs": graphs,
             "graph_breaks": breaks,
             "graphs_after_warmup": graphs - self.graphs_at_steady,  # recompilations, paid in the steady phase
-            "sps": self.sps_figure,
+            "sps": self.per_steady_second(self.steady_steps),
             "steady_steps": self.steady_steps,
             "steady_seconds": self.steady_seconds,
             "env_seconds": self.env_seconds,
