@@ -36,6 +36,10 @@ RUNS = {
     "dqn_atari_async.py": ([*CARTPOLE, "--batch-size", 64, "--actor-sync-every", 1], {"actor.q_network": "q_network"}),
     "sac_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),
     "td3_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),
+    "fast_td3.py": (
+        [*PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
+        {"actor_view": "actor", "qnet_view": "qnet"},
+    ),
     "ppo_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 2],
         {"agent_view": "agent"},

@@ -26,6 +26,7 @@ from checks import (
     speed_flags_here,
     speed_up,
 )
+from reference_implementations import plain_projection
 from script_runs import load_script, run_on_standin, run_script, shared_run
 
 SCRIPT = "rainbow_atari.py"
@@ -229,21 +230,6 @@ def test_uniform_replay_at_alpha_0_draws_every_stored_transition_alike():
     leaf, weights, *_ = rb.sample(32, torch.tensor(0.4))
     rb.update_priorities(leaf, torch.rand(32))
     assert set(leaves.unique().tolist()) == {0.0, 1.0} and torch.equal(weights, torch.ones(32))
-
-
-def plain_projection(atoms, probs, support):
-    """CleanRL's projection (rainbow_atari.py, c51_atari.py): floor and ceiling, index_add_ one row at a time."""
-    v_min, v_max, n_atoms = support[0].item(), support[-1].item(), len(support)
-    delta_z = (v_max - v_min) / (n_atoms - 1)
-    b = (atoms.clamp(v_min, v_max) - v_min) / delta_z
-    lower, upper = b.floor().clamp(0, n_atoms - 1), b.ceil().clamp(0, n_atoms - 1)
-    d_m_l = (upper + (lower == b).float() - b) * probs
-    d_m_u = (b - lower) * probs
-    target = torch.zeros_like(probs)
-    for i in range(len(probs)):
-        target[i].index_add_(0, lower[i].long(), d_m_l[i])
-        target[i].index_add_(0, upper[i].long(), d_m_u[i])
-    return target
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

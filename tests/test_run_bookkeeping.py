@@ -24,9 +24,10 @@ from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 # scripts, which LeanRL lacks, sit at 1.28-1.29x CleanRL's of the same name (1,684 and 2,006), with the same additions.
 # The others carry what they exist to show: PPO-LSTM its padded replay, the async PPO its storage by env id, the multi-
 # process PPO its collectives, the Atari DQN the ALE back-end's wrappers, the async DQN its actor process and rate
-# limiter, IMPALA Ray and its actors. The module holds, besides, the stop at once on a second signal or one in a blocked
-# env call or a compile (a thread that watches the signals, the summary written from it, the processes the run started
-# killed).
+# limiter, IMPALA Ray and its actors, FastTD3 (in neither project) its distributional critics, normaliser, n-step
+# replay and the recipe's flags beside TD3's pieces. The module holds, besides, the stop at once on a second signal or
+# one in a blocked env call or a compile (a thread that watches the signals, the summary written from it, the
+# processes the run started killed).
 MAX_TOKENS = {
     "sac_continuous_action.py": 2905,
     "td3_continuous_action.py": 2595,
@@ -42,12 +43,13 @@ MAX_TOKENS = {
     "pqn.py": 2144,
     "pqn_atari_envpool.py": 2519,
     "rainbow_atari.py": 4645,
+    "fast_td3.py": 3703,
     MODULE: 5019,
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
 # PPO Atari 269, PPO-LSTM 284, the multi-process PPO 353, PQN 201, PQN Atari 228, Rainbow 365. The thirteen scripts
-# with a counterpart are at most 2x theirs (the async DQN against dqn_atari.py); IMPALA has none.
+# with a counterpart are at most 2x theirs (the async DQN against dqn_atari.py); IMPALA and FastTD3 have none.
 MAX_PROSE_WORDS = {
     "sac_continuous_action.py": 527,
     "td3_continuous_action.py": 487,
@@ -63,6 +65,7 @@ MAX_PROSE_WORDS = {
     "pqn.py": 364,
     "pqn_atari_envpool.py": 448,
     "rainbow_atari.py": 729,
+    "fast_td3.py": 805,
 }
 # What a script may take from the module; the rest of it is private (a leading underscore).
 PUBLIC = {

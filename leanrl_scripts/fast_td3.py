@@ -1,0 +1,465 @@
+"""FastTD3 (Seo et al. 2025): TD3 fed by many parallel environments, one file.
+
+The recipe: --num-envs envs stepping together, each exploring with its own noise scale; batches of thousands; twin
+distributional critics (C51) with clipped double Q; observations normalised by running statistics; the replay held
+on the device; bf16 autocast and compiled updates. Cost: its defaults are sized for a GPU (128 envs, batches of
+32,768, critics 1,024 wide); docs/fast_td3.md gives the settings of a small CPU.
+    python leanrl_scripts/fast_td3.py --env-id HalfCheetah-v5 --compile --cudagraphs
+"""
+
+import math
+import sys
+from dataclasses import dataclass
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+
+from run_bookkeeping import Ranges, Run, RunArgs, check_fits, check_spaces, fail, stop_if_signalled, tune_cpu
+
+
+@dataclass
+class Args(RunArgs):
+    env_id: str = "HalfCheetah-v5"
+    """the id of the gymnasium environment (continuous actions)"""
+    total_timesteps: int = 19_200_000
+    """total environment steps, all envs together (FastTD3's 150,000 steps of 128 envs)"""
+    num_envs: int = 128
+    """the number of parallel environments"""
+    buffer_size: int = 51_200
+    """the steps of each env the replay keeps (it holds num_envs times as many transitions)"""
+    batch_size: int = 32_768
+    """the transitions of one update, all envs together"""
+    num_updates: int = 2
+    """critic updates per step of the envs"""
+    num_steps: int = 1
+    """n of the n-step returns"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.1
+    """target smoothing coefficient, after every critic update"""
+    learning_starts: int = 1_280
+    """environment steps before learning starts (FastTD3's 10 steps of its 128 envs)"""
+    critic_learning_rate: float = 3e-4
+    """the critics' learning rate"""
+    actor_learning_rate: float = 3e-4
+    """the actor's learning rate"""
+    weight_decay: float = 0.1
+    """AdamW's weight decay, both networks"""
+    policy_frequency: int = 2
+    """critic updates per actor update"""
+    policy_noise: float = 0.001
+    """the scale of the target policy smoothing noise"""
+    noise_clip: float = 0.5
+    """the target policy smoothing noise is clipped to this"""
+    std_min: float = 0.001
+    """the lowest exploration noise scale an env draws"""
+    std_max: float = 0.4
+    """the highest exploration noise scale an env draws"""
+    num_atoms: int = 101
+    """the atoms of the critics' value distributions"""
+    v_min: float = -1000.0
+    """the lowest value of the atoms"""
+    v_max: float = 1000.0
+    """the highest value of the atoms"""
+    critic_hidden_dim: int = 1024
+    """the width of the critics' first layer (then half, then a quarter)"""
+    actor_hidden_dim: int = 512
+    """the width of the actor's first layer (then half, then a quarter)"""
+    use_cdq: bool = True
+    """clipped double Q: the target and the actor take the critic of the lower value"""
+    obs_normalization: bool = True
+    """normalise observations by their running mean and std"""
+    amp: bool = True
+    """bf16 autocast of the updates (on CUDA; a CPU runs float32)"""
+    measure_burnin: int = 3
+    """critic updates the speed figure leaves out (compilation, graph capture)"""
+
+
+RANGES = Ranges(
+    counts=("num_envs", "buffer_size", "batch_size", "num_updates", "num_steps", "policy_frequency", "num_atoms")
+    + ("critic_hidden_dim", "actor_hidden_dim"),
+    rates=("critic_learning_rate", "actor_learning_rate", "tau"),
+    fractions=("gamma", "tau"),
+    at_least_0=("weight_decay", "policy_noise", "noise_clip", "std_min", "std_max", "measure_burnin"),
+    before_the_end=("learning_starts",),
+)
+
+LOG_EVERY = 100  # iterations between metric reads (a host sync each)
+
+
+def make_env(env_id, video_folder=None):
+    def thunk():
+        env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+        if isinstance(env.observation_space, gym.spaces.Dict):  # dm_control's named observations
+            env = gym.wrappers.FlattenObservation(env)
+        if video_folder:
+            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: episode == 0)
+        return gym.wrappers.RecordEpisodeStatistics(env)
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, video_folder=None):
+    """A vector env that records episodes; a step that ends one returns the reset observation, the final in infos."""
+    if env_id.startswith("dm_control/"):  # through shimmy, as CleanRL runs it
+        try:
+            import shimmy  # noqa: F401  (registers the ids)
+        except ModuleNotFoundError:
+            fail('dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"')
+    try:
+        thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except gym.error.DependencyNotInstalled as error:
+        fail(
+            f"{env_id}: a package is missing ({error}); MuJoCo: pip install '.[mujoco]', videos: pip install '.[video]'"
+        )
+    except gym.error.UnregisteredEnv:
+        fail(f"unknown env id '{env_id}': ids come from gymnasium's registry (gymnasium.pprint_registry())")
+    except Exception as error:
+        fail(f"{env_id}: {error}")
+    check_spaces(env_id, envs.single_action_space, gym.spaces.Box, envs.single_observation_space, gym.spaces.Box)
+    if not np.isfinite(envs.single_action_space.low).all() or not np.isfinite(envs.single_action_space.high).all():
+        fail(f"{env_id} has actions {envs.single_action_space}: fast_td3.py needs bounded ones")
+    return envs
+
+
+def to_env_actions(actions, space):
+    """The actor's actions in [-1, 1] scaled to the bounds of the env's `space`."""
+    return space.low + (actions + 1) / 2 * (space.high - space.low)
+
+
+def true_next_obs(next_obs, infos):
+    """The observations the step led to: the final one where an episode ended (a truncated one bootstraps from it)."""
+    if "final_obs" not in infos:
+        return next_obs
+    ended = infos["_final_obs"]
+    real_next_obs = next_obs.copy()
+    real_next_obs[ended] = np.stack(infos["final_obs"][ended])
+    return real_next_obs
+
+
+class EmpiricalNormalization(nn.Module):
+    """Observations less their running mean, over their running std plus 0.01 (FastTD3's), of every observation the
+    envs handed out (Chan et al.'s parallel merge)."""
+
+    def __init__(self, obs_dim, enabled=True):
+        super().__init__()
+        self.enabled = enabled
+        self.register_buffer("mean", torch.zeros(obs_dim))
+        self.register_buffer("var", torch.ones(obs_dim))
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, obs):
+        if not self.enabled:
+            return obs
+        return (obs - self.mean) / (self.var.sqrt() + 0.01)
+
+    @torch.no_grad()
+    def update(self, obs):
+        batch_mean, batch_var = obs.mean(0), obs.var(0, unbiased=False)
+        count = self.count + len(obs)
+        delta = batch_mean - self.mean
+        self.mean.add_(delta * len(obs) / count)
+        between = delta**2 * self.count * len(obs) / count**2
+        self.var.mul_(self.count / count).add_(batch_var * len(obs) / count + between)
+        self.count.copy_(count)
+
+
+class Actor(nn.Module):
+    """Deterministic policy: actions in [-1, 1], scaled to the env's bounds as it steps."""
+
+    def __init__(self, obs_dim, act_dim, hidden):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden // 2),
+            nn.ReLU(),
+            nn.Linear(hidden // 2, hidden // 4),
+            nn.ReLU(),
+            nn.Linear(hidden // 4, act_dim),
+            nn.Tanh(),
+        )
+        # FastTD3's init_scale: the first actions near 0 whatever the observations
+        nn.init.normal_(self.net[-2].weight, 0, 0.01)
+        nn.init.zeros_(self.net[-2].bias)
+
+    def forward(self, obs):
+        return self.net(obs)
+
+
+class DistributionalQEnsemble(nn.Module):
+    """`num_q` critics, each the logits of Q(s, a)'s distribution over `num_atoms` values from v_min to v_max (C51);
+    weights stacked, a layer is one batched matmul."""
+
+    def __init__(self, obs_dim, act_dim, hidden, num_atoms, v_min, v_max, num_q=2):
+        super().__init__()
+        sizes = [obs_dim + act_dim, hidden, hidden // 2, hidden // 4, num_atoms]
+        layers = [[nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes, sizes[1:])] for _ in range(num_q)]
+        self.weights = nn.ParameterList(torch.stack([net[i].weight.T for net in layers]) for i in range(4))
+        self.biases = nn.ParameterList(torch.stack([net[i].bias[None] for net in layers]) for i in range(4))
+        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))
+
+    def forward(self, obs, actions):
+        """Logits of shape (num_q, batch, num_atoms)."""
+        x = torch.cat([obs, actions], -1).expand(len(self.weights[0]), -1, -1)
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias, F.relu(x) if i else x, weight)
+        return x
+
+    def expected(self, probs):
+        """The mean values of distributions over the atoms."""
+        return (probs * self.support).sum(-1)
+
+
+class ReplayBuffer:
+    """Each env's last `size` steps as rows [obs | action | reward | next_obs | termination | episode end] of one
+    device tensor: a step is one copy in; a batch gathers windows of n steps of one env each."""
+
+    def __init__(self, size, obs_dim, act_dim, num_envs, num_steps, gamma, device):
+        self.columns = [obs_dim, act_dim, 1, obs_dim, 1, 1]
+        self.rows = torch.zeros(size, num_envs, sum(self.columns), device=device)
+        self.steps = torch.arange(num_steps, device=device)
+        self.gamma = gamma
+        self.size = size
+        self.pos = 0
+        self.filled = 0
+
+    def add(self, obs, actions, rewards, next_obs, terminations, ended):
+        step = np.concatenate([obs, actions, rewards[:, None], next_obs, terminations[:, None], ended[:, None]], 1)
+        self.rows[self.pos] = torch.from_numpy(step).to(self.rows)
+        self.pos = (self.pos + 1) % self.size
+        self.filled = min(self.filled + 1, self.size)
+
+    def sample(self, batch_size):
+        """obs, actions, discounted rewards, the obs they led to, bootstrap (0 after a termination), its discount.
+        A window stops at an episode's end and never reaches past the newest step."""
+        device = self.rows.device
+        first = (
+            torch.randint(self.filled - len(self.steps) + 1, (batch_size, 1), device=device) + self.pos - self.filled
+        )
+        env = torch.randint(self.rows.shape[1], (batch_size, 1), device=device)
+        window = self.rows[(first + self.steps) % self.size, env]
+        obs, actions, rewards, next_obs, terminations, ended = window.split(self.columns, -1)
+        counted = F.pad(torch.cumprod(1 - ended[:, :-1, 0], 1), (1, 0), value=1)  # no episode ended before the step
+        n = counted.sum(1)
+        last = (n - 1).long()
+        batch = torch.arange(batch_size, device=device)
+        returns = (rewards[..., 0] * counted * self.gamma**self.steps).sum(1)
+        return obs[:, 0], actions[:, 0], returns, next_obs[batch, last], 1 - terminations[batch, last, 0], self.gamma**n
+
+
+def policy(obs, ended, noise_scales, *, actor, normalizer, std_min, std_max):
+    """Noisy actions in [-1, 1] and each env's noise scale, drawn again where its episode ended; the observations
+    update the normalizer. `actor` is a detached view of the learner."""
+    normalizer.update(obs)
+    drawn = torch.rand_like(noise_scales) * (std_max - std_min) + std_min
+    noise_scales = torch.where(ended[:, None], drawn, noise_scales)
+    actions = actor(normalizer(obs))
+    return (actions + torch.randn_like(actions) * noise_scales).clamp(-1, 1), noise_scales
+
+
+def project(next_probs, rewards, bootstrap, discount, support):
+    """C51's projection: distributions over `support` moved to rewards + discount * bootstrap * support and spread back
+    onto it, each atom's mass split between the two atoms it lands between."""
+    v_min, v_max = support[0], support[-1]
+    target_z = rewards[:, None] + (discount * bootstrap)[:, None] * support
+    b = (target_z.clamp(v_min, v_max) - v_min) / (v_max - v_min) * (len(support) - 1)
+    lower, upper = b.floor(), b.ceil()
+    # the indices clamped: a diverged run's nan (out of bounds as an integer) reaches the loss, not the scatter
+    lower_index, upper_index = (
+        index.long().clamp(0, len(support) - 1).expand(next_probs.shape) for index in (lower, upper)
+    )
+    projected = torch.zeros_like(next_probs)
+    # landing on an atom (lower == upper), the mass goes to it whole
+    projected.scatter_add_(-1, lower_index, next_probs * (upper + (lower == upper) - b))
+    return projected.scatter_add_(-1, upper_index, next_probs * (b - lower))
+
+
+def critic_loss(obs, actions, rewards, next_obs, bootstrap, discount, *, actor, normalizer, qnet, target_qnet, args):
+    """The critics' cross-entropy to the projected target distribution, summed over critics; with clipped double Q,
+    each transition's target is that of the target critic with the lower mean."""
+    obs, next_obs = normalizer(obs), normalizer(next_obs)
+    with torch.no_grad():
+        # target policy smoothing with the current actor: FastTD3 keeps no target actor
+        next_actions = actor(next_obs)
+        noise = (torch.randn_like(next_actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+        next_probs = target_qnet(next_obs, (next_actions + noise).clamp(-1, 1)).softmax(-1)
+        target = project(next_probs, rewards, bootstrap, discount, target_qnet.support)
+        target_values = target_qnet.expected(target)
+        if args.use_cdq:
+            target = torch.where((target_values[0] < target_values[1])[:, None], target[0], target[1])
+    loss = -(target * qnet(obs, actions).log_softmax(-1)).sum(-1).mean(-1).sum()
+    metrics = {"qf_loss": loss.detach(), "qf_max": target_values[0].max(), "qf_min": target_values[0].min()}
+    return loss, {**metrics, "buffer_rewards": rewards.mean()}
+
+
+def actor_loss(obs, *, actor, normalizer, qnet_view, use_cdq):
+    """The deterministic policy gradient through both critics (`qnet_view`, detached): the lower mean, or without
+    clipped double Q their average."""
+    obs = normalizer(obs)
+    values = qnet_view.expected(qnet_view(obs, actor(obs)).softmax(-1))
+    loss = -(values.min(0).values if use_cdq else values.mean(0)).mean()
+    return loss, {"actor_loss": loss.detach()}
+
+
+def update(*batch, loss_fn, optimizer, autocast):
+    """One gradient step on `loss_fn` (the compiled piece, under `autocast`); backward and AdamW run outside it."""
+    with autocast():
+        loss, metrics = loss_fn(*batch)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return metrics
+
+
+def detached_view(module, like):
+    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
+    from_module(module).data.to_module(like)
+    return like.requires_grad_(False)
+
+
+def evaluate(actor, normalizer, args, device, video_folder):
+    """The return of one episode in each of --eval-episodes envs, with the deterministic action."""
+    envs = make_envs(args.env_id, args.eval_episodes, video_folder)
+    obs, _ = envs.reset(seed=args.seed + 10_000)
+    returns = np.zeros(envs.num_envs)
+    finished = np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():
+        stop_if_signalled()
+        with torch.no_grad():
+            actions = actor(normalizer(torch.as_tensor(obs, dtype=torch.float32, device=device)))
+        env_actions = to_env_actions(actions.cpu().numpy(), envs.single_action_space)
+        obs, rewards, terminations, truncations, _ = envs.step(env_actions)
+        returns += rewards * ~finished
+        finished |= terminations | truncations
+    envs.close()
+    return returns.tolist()
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    run = Run(args, RANGES)
+    if args.std_min > args.std_max:
+        fail(f"--std-min {args.std_min} must be at most --std-max {args.std_max}")
+    if not args.v_min < args.v_max:
+        fail(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
+    if args.num_atoms < 2:
+        fail(f"--num-atoms must be 2 or more, not {args.num_atoms}")
+    if args.critic_hidden_dim < 4 or args.actor_hidden_dim < 4:
+        fail("--critic-hidden-dim and --actor-hidden-dim must be 4 or more (the layers are a half and a quarter)")
+    if args.learning_starts < args.num_steps * args.num_envs or args.buffer_size < args.num_steps:
+        fail(f"--learning-starts and --buffer-size must cover --num-steps {args.num_steps} steps of every env")
+    device = run.device
+    # the cores idle at start: a second thread pays on an idle machine, not beside busy processes
+    tune_cpu(args.torch_threads, device, threads="idle")
+
+    envs = make_envs(args.env_id, args.num_envs)
+    obs_dim = math.prod(envs.single_observation_space.shape)
+    act_dim = math.prod(envs.single_action_space.shape)
+    check_fits(args.buffer_size * args.num_envs * (2 * obs_dim + act_dim + 3) * 4, device, "--buffer-size")
+
+    critic = partial(DistributionalQEnsemble, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms)
+    actor = Actor(obs_dim, act_dim, args.actor_hidden_dim).to(device)
+    qnet = critic(args.v_min, args.v_max).to(device)
+    target_qnet = critic(args.v_min, args.v_max).to(device).requires_grad_(False)
+    target_qnet.load_state_dict(qnet.state_dict())
+    normalizer = EmpiricalNormalization(obs_dim, args.obs_normalization).to(device)
+    actor_view = detached_view(actor, Actor(obs_dim, act_dim, args.actor_hidden_dim).to("meta"))
+    qnet_view = detached_view(qnet, critic(args.v_min, args.v_max).to("meta"))
+    # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
+    adamw = partial(torch.optim.AdamW, weight_decay=args.weight_decay, fused=True, capturable=run.cudagraphs)
+    q_optimizer = adamw(qnet.parameters(), lr=torch.tensor(args.critic_learning_rate, device=device))
+    actor_optimizer = adamw(actor.parameters(), lr=torch.tensor(args.actor_learning_rate, device=device))
+    states = dict(
+        actor=actor,
+        qnet=qnet,
+        target_qnet=target_qnet,
+        normalizer=normalizer,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+    )
+    run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
+    target_params = from_module(target_qnet)
+    online_params = from_module(qnet).data
+
+    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    maybe_compile = partial(torch.compile, disable=not args.compile)
+    policy_step = partial(
+        maybe_compile(policy), actor=actor_view, normalizer=normalizer, std_min=args.std_min, std_max=args.std_max
+    )
+    critic_loss_step = partial(
+        maybe_compile(critic_loss),
+        actor=actor_view,
+        normalizer=normalizer,
+        qnet=qnet,
+        target_qnet=target_qnet,
+        args=args,
+    )
+    actor_loss_step = partial(
+        maybe_compile(actor_loss), actor=actor, normalizer=normalizer, qnet_view=qnet_view, use_cdq=args.use_cdq
+    )
+    autocast = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.amp and device.type == "cuda")
+    critic_step = partial(update, loss_fn=critic_loss_step, optimizer=q_optimizer, autocast=autocast)
+    actor_step = partial(update, loss_fn=actor_loss_step, optimizer=actor_optimizer, autocast=autocast)
+    if run.cudagraphs:  # captured after the first calls (compilation, AdamW's state)
+        graphed = partial(CudaGraphModule, warmup=5)
+        policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
+
+    rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, args.num_steps, args.gamma, device)
+    noise_scales = torch.zeros(args.num_envs, 1, device=device)
+    ended = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # each env draws its first noise scale
+    critic_updates = 0
+    actor_updates = 0
+    metrics = {}
+    global_step = 0
+    num_iterations = args.total_timesteps // args.num_envs
+    obs, _ = envs.reset(seed=args.seed)
+    run.start()
+    with run.stoppable():
+        for iteration in range(num_iterations):
+            stop_if_signalled()
+            global_step = iteration * args.num_envs
+            if global_step >= args.learning_starts and critic_updates >= args.measure_burnin:
+                run.start_speed_measure(global_step)
+            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
+            actions, noise_scales = policy_step(obs_tensor, ended, noise_scales)
+            actions = actions.cpu().numpy()
+            env_actions = to_env_actions(actions, envs.single_action_space)
+            next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, env_actions)
+            run.record_gymnasium_episodes(global_step, infos)
+            episode_ended = terminations | truncations
+            rb.add(obs, actions, rewards, true_next_obs(next_obs, infos), terminations, episode_ended)
+            ended = torch.from_numpy(episode_ended).to(device)
+            obs = next_obs
+
+            if global_step + args.num_envs > args.learning_starts:
+                for _ in range(args.num_updates):
+                    batch = rb.sample(args.batch_size)
+                    metrics.update(critic_step(*batch))
+                    target_params.lerp_(online_params, args.tau)
+                    critic_updates += 1
+                    if critic_updates % args.policy_frequency == 0:  # on the batch the critics just learned from
+                        metrics.update(actor_step(batch[0]))
+                        actor_updates += 1
+            if iteration % LOG_EVERY == 0:
+                run.log(global_step, metrics)
+        global_step = num_iterations * args.num_envs
+    run.end_training(global_step, metrics)
+    envs.close()
+
+    summary = {
+        "critic_updates": critic_updates,
+        "actor_updates": actor_updates,
+        "amp_active": args.amp and device.type == "cuda",
+        "compiled_pieces": ["actor_loss", "critic_loss", "policy"] if args.compile else [],
+    }
+    evaluation = partial(evaluate, actor_view, normalizer, args, device, run.video_folder)
+    sys.exit(run.evaluate_and_write(evaluation, summary))
