@@ -5,8 +5,9 @@
 set -euo pipefail
 usage() {
     cat <<'TEXT'
-usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
-                [--jax-python PY] [--until-score] [--max-minutes M]] [--quick | --smoke] [--results FOLDER]
+usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--fasttd3 CLONE]
+                [--reference-python PY] [--jax-python PY] [--until-score] [--max-minutes M]] [--quick | --smoke]
+                [--results FOLDER]
        ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--jax-python PY] [--rounds N]
                [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
@@ -23,6 +24,7 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --seeds N          with --learning: seeds 1..N of each task (default 3)
   --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
   --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
+  --fasttd3 CLONE    with --learning: FastTD3's own train.py (a clone of younggyoseo/FastTD3) beside fast_td3.py
   --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
   --until-score      with --learning: stop each run at its task's score (for the seconds to it only)
   --max-minutes M    with --learning: stop a run after M minutes (recorded as not reaching the score)
@@ -67,7 +69,7 @@ while [ $# -gt 0 ]; do
         --max-minutes)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             learning_args+=("$1" "$2"); shift ;;
-        --cleanrl|--leanrl|--reference-python|--jax-python)
+        --cleanrl|--leanrl|--fasttd3|--reference-python|--jax-python)
             [ $# -ge 2 ] || refuse "$1 needs a value"; references+=("$1" "$2"); shift ;;
         --seeds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || refuse "--seeds needs a whole number, 1 or more"; seeds=$2 seeds_given=1; shift ;;
         *) refuse "unknown argument '$1' (a results folder is named with --results FOLDER)" ;;

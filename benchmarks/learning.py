@@ -13,10 +13,11 @@ profile goes on where it stopped. Our scripts run with $PYTHON where it is set, 
 Profiles: quick fits a 2-core CPU (hours with PPO Atari), full is CleanRL's budgets, smoke checks the files in
 about a minute.
 
-With --cleanrl and --leanrl (clones of vwxyzjn/cleanrl and pytorch-labs/LeanRL), each seed of a task also runs the
-task's reference scripts after ours, in their default mode (compile and CUDA graphs off, as ours run without the
-speed flags), read at the commits of benchmarks/references.py and patched at run time, with the same flags and
-seed; with --jax-python (a Python with requirements/requirements-jax.txt) the JAX ones too. LeanRL's scripts import
+With --cleanrl, --leanrl and --fasttd3 (clones of vwxyzjn/cleanrl, pytorch-labs/LeanRL and younggyoseo/FastTD3), each
+seed of a task also runs the task's reference scripts after ours, in their default mode (compile and CUDA graphs
+off, as ours run without the speed flags), read at the commits of benchmarks/references.py and patched at run time,
+with the same flags and seed (FastTD3's train.py: the same settings under its names, references.fasttd3_flags); with
+--jax-python (a Python with requirements/requirements-jax.txt) the JAX ones too. LeanRL's scripts import
 torchrl, whose release for torch 2.13 needs tensordict<0.15 (ours takes 0.15): give them a Python of their own, e.g.
     python -m venv ref && ref/bin/pip install torch==2.13.0 torchrl==0.14.1 "gymnasium[mujoco]" envpool tyro \\
         tensorboard tqdm
@@ -39,13 +40,14 @@ import time
 
 import learning_tables
 import runner
-from references import REFERENCE_REPOS, check_clones, package_versions, write_reference
+from references import REFERENCE_REPOS, check_clones, fasttd3_flags, package_versions, write_reference
 
 # what a reference logs in place of each episode's return: LeanRL's scripts a running mean of the last 20 episodes
 # (to wandb); the projects' JAX PPO the mean of each env's last game, every iteration (CleanRL's
 # charts/avg_episodic_return, LeanRL's wandb episode_return): a mean over 8 games, not 20
 LOGGED_RETURNS = {
     "ppo_atari_envpool_xla_jax": "mean of each env's last game (the JAX PPO scripts' log)",
+    "train": "running mean of the last 20 episodes (the log of the env beside FastTD3's train.py)",
     None: "running mean of the last 20 episodes (LeanRL's wandb log)",
 }
 POLL_SECONDS = 30
@@ -81,6 +83,10 @@ def words(table, task, side, profile):
         return entry.get("launcher", []), f"leanrl_scripts/{entry['script']}", flags + eval_episodes
     if "reference_env" in entry:
         flags[flags.index("--env-id") + 1] = entry["reference_env"]
+    if side == "FastTD3":  # the same settings under its names
+        import torch
+
+        flags = fasttd3_flags(flags, cuda=torch.cuda.is_available())
     return [], f"{REFERENCE_REPOS[side.split('-')[0]][2]}/{dict(entry['references'])[side]}.py", flags
 
 

@@ -22,7 +22,16 @@ REFERENCE_REPOS = {
         ["cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py", "cleanrl_utils/atari_wrappers.py"],
     ),
     "LeanRL": ("pytorch-labs/LeanRL", "8dbb6336b7f6cc65cdbbeb2e86637c38867e2677", "leanrl", []),
+    # its training script imports its modules from its own folder: they go beside it
+    "FastTD3": (
+        "younggyoseo/FastTD3",
+        "229ed59bbf43ea2f7a2d5d90d1076314839944d7",
+        "fast_td3",
+        ["fast_td3/fast_td3.py", "fast_td3/fast_td3_utils.py", "fast_td3/hyperparams.py"],
+    ),
 }
+# The sides a comparison of speed needs (./run.sh --compare); FastTD3's code is compared by --learning
+COMPARED = ("CleanRL", "LeanRL")
 # Prepended to every reference script: gymnasium 1.x's vector env made to hand out what 0.29's did, for which these
 # scripts were written (the final step's observation and episode statistics in the same step, `final_observation`
 # and `final_info` as one entry per env, None where no episode ended). The scripts' own lines stay as they are.
@@ -175,6 +184,115 @@ REFERENCE_PATCHES["ppo_atari_envpool_torchcompile"] = REFERENCE_PATCHES["ppo_ata
 ]
 # CleanRL's PQN Atari script has its PPO Atari script's env set-up lines: the same patches
 REFERENCE_PATCHES["pqn_atari_envpool"] = REFERENCE_PATCHES["ppo_atari_envpool"]
+# FastTD3's train.py steps GPU simulators (HumanoidBench, MuJoCo Playground, IsaacLab) and sends any other env id to
+# MuJoCo Playground: this env, put beside it, is what its patched env branch makes of a gymnasium id. It hands out
+# what train.py reads of its own wrappers (torch tensors; dones = terminated or truncated; the time-outs and the final
+# observations in infos), steps gymnasium's vector env with the same-step autoreset our fast_td3.py uses, and logs
+# the training episodes' running mean of the last 20 returns to the wandb stand-in (LeanRL's "episode_return").
+FASTTD3_GYMNASIUM_ENV = """\
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+import torch
+import wandb
+
+
+class GymnasiumVecEnv:
+    asymmetric_obs = False
+
+    def __init__(self, env_id, num_envs, seed, device, log_episodes=True):
+        self.envs = gym.vector.SyncVectorEnv(
+            [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(env_id)) for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        space = self.envs.single_action_space
+        self.low, self.high = space.low, space.high
+        self.num_envs, self.num_actions = num_envs, space.shape[0]
+        self.num_obs = self.envs.single_observation_space.shape[0]
+        self.max_episode_steps = self.envs.envs[0].spec.max_episode_steps
+        self.seed, self.device, self.log_episodes = seed, device, log_episodes
+        self.steps, self.returns = 0, deque(maxlen=20)
+
+    def tensor(self, array):
+        return torch.as_tensor(np.asarray(array), dtype=torch.float32, device=self.device)
+
+    def reset(self):
+        obs, _ = self.envs.reset(seed=self.seed)
+        self.seed = None  # seeded once, as our scripts seed theirs
+        return self.tensor(obs)
+
+    def step(self, actions):
+        actions = actions.clamp(-1, 1).cpu().numpy()
+        scaled = self.low + (actions + 1) / 2 * (self.high - self.low)
+        obs, rewards, terminations, truncations, infos = self.envs.step(scaled)
+        self.steps += self.num_envs
+        dones = terminations | truncations
+        final_obs = obs.copy()
+        if "final_obs" in infos:
+            final_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
+            if self.log_episodes:
+                self.returns.extend(infos["final_info"]["episode"]["r"][infos["_final_info"]])
+                wandb.log({"episode_return": float(np.mean(self.returns))}, step=self.steps)
+        infos = {"time_outs": torch.as_tensor(truncations, device=self.device)}
+        infos["observations"] = {"raw": {"obs": self.tensor(final_obs)}}
+        return self.tensor(obs), self.tensor(rewards), torch.as_tensor(dones, device=self.device), infos
+"""
+FASTTD3_ENV_BRANCH = """\
+    elif args.env_name in __import__("gymnasium").registry:
+        from gymnasium_vec_env import GymnasiumVecEnv
+
+        env_type = "gymnasium"
+        envs = GymnasiumVecEnv(args.env_name, args.num_envs, args.seed, device)
+        eval_envs = GymnasiumVecEnv(args.env_name, args.num_eval_envs, args.seed + 10_000, device, log_episodes=False)
+        render_env = None
+"""
+REFERENCE_PATCHES["train"] = [
+    (
+        "    else:\n        from environments.mujoco_playground_env import make_env\n",
+        FASTTD3_ENV_BRANCH + "    else:\n        from environments.mujoco_playground_env import make_env\n",
+        "an env branch for gymnasium's ids (gymnasium_vec_env.py, put beside the script), before MuJoCo Playground's",
+    ),
+    (
+        'os.environ["OMP_NUM_THREADS"] = "1"',
+        'os.environ.setdefault("OMP_NUM_THREADS", "1")',
+        "the thread count the benchmark gives it (torch's CPU threads) wins over its one",
+    ),
+    (
+        '"speed": speed,',
+        '"speed": speed * args.num_envs,',
+        "env steps per second, as every other side counts them (it logs steps of all its envs together)",
+    ),
+]
+# Our fast_td3.py names its recipe's flags as FastTD3's train.py does (with hyphens); these are the ones whose
+# defaults differ between the two (its defaults for an id it does not know are MuJoCo Playground's) or that count
+# steps (ours count env steps, all envs together; its, steps of the vector env). fasttd3_flags passes each.
+FASTTD3_OUR_DEFAULTS = {
+    "num_envs": "128",
+    "buffer_size": "51200",
+    "gamma": "0.99",
+    "v_min": "-1000.0",
+    "v_max": "1000.0",
+    "learning_starts": "1280",
+}
+
+
+def fasttd3_flags(flags, cuda=False):
+    """Our fast_td3.py's `flags` as FastTD3's train.py takes them: the same names with underscores, its step counts
+    per env, every flag whose default differs given; no evaluation, rendering or checkpoints along the way (ours
+    evaluate at the end), wandb's log kept by the stand-in, CUDA where there is one."""
+    given = {flags[i][2:].replace("-", "_"): str(flags[i + 1]) for i in range(0, len(flags), 2)}
+    given = {**FASTTD3_OUR_DEFAULTS, **given}
+    num_envs = int(given["num_envs"])
+    for name in ("total_timesteps", "learning_starts"):
+        if name in given:
+            given[name] = str(int(given[name]) // num_envs)
+    given["env_name"] = given.pop("env_id")
+    words = [word for name, value in given.items() for word in (f"--{name}", value)]
+    off = ["--eval_interval", "0", "--render_interval", "0", "--save_interval", "0", "--num_eval_envs", "1"]
+    return [*words, *off, "--exp_name", "fasttd3", "--no_compile", *([] if cuda else ["--no_cuda"])]
+
+
 # LeanRL's scripts log to Weights & Biases only: the running mean of the last 20 episodes' returns
 # ("episode_return") and the steady steps per second since its burn-in ("speed"). This stands in for wandb beside
 # the script and keeps those values with their step and time.
@@ -228,16 +346,21 @@ def reference_script(side, name, repo_dir):
     _, commit, scripts, _ = REFERENCE_REPOS[side]
     path = f"{scripts}/{name}.py"
     text = git_show(repo_dir, commit, path)
-    reasons = [
-        "prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
-        "final_observation and final_info (benchmarks/references.py, GYMNASIUM_029_SHIM)"
-    ]
+    prelude, reasons = (
+        GYMNASIUM_029_SHIM,
+        [
+            "prepended: gymnasium 1.x's SyncVectorEnv made to hand out 0.29's same-step autoreset, "
+            "final_observation and final_info (benchmarks/references.py, GYMNASIUM_029_SHIM)"
+        ],
+    )
+    if side == "FastTD3":  # written for gymnasium 1.x envs of its own: no shim, an env beside it
+        prelude, reasons = "", ["beside it: gymnasium_vec_env.py (benchmarks/references.py, FASTTD3_GYMNASIUM_ENV)"]
     for old, new, why in REFERENCE_PATCHES.get(name, []):
         if old not in text:
             raise SystemExit(f"error: {side}'s {path} at {commit[:8]} no longer has the line patched for: {why}")
         text = text.replace(old, new, 1)
         reasons.append(f"{old.strip()!r} -> {new.strip()!r}: {why}")
-    return path, GYMNASIUM_029_SHIM + text, reasons
+    return path, prelude + text, reasons
 
 
 def write_reference(side, name, repo_dir, workdir):
@@ -245,8 +368,13 @@ def write_reference(side, name, repo_dir, workdir):
     returns (the script's path there, a record: repository, commit, script, patches)."""
     repository, commit, _, support = REFERENCE_REPOS[side]
     path, text, patches = reference_script(side, name, repo_dir)
-    files = [(os.path.basename(path), text), *[(file, git_show(repo_dir, commit, file)) for file in support]]
+    _, _, scripts, _ = REFERENCE_REPOS[side]
+    # a file of the scripts' own folder goes beside the script, which imports it by its name
+    beside = [(os.path.relpath(file, scripts) if file.startswith(f"{scripts}/") else file, file) for file in support]
+    files = [(os.path.basename(path), text), *[(name, git_show(repo_dir, commit, file)) for name, file in beside]]
     files.append(("wandb.py", WANDB_LOG_STUB))
+    if side == "FastTD3":
+        files.append(("gymnasium_vec_env.py", FASTTD3_GYMNASIUM_ENV))
     for file, content in files:
         os.makedirs(os.path.dirname(os.path.join(workdir, file)), exist_ok=True)
         with open(os.path.join(workdir, file), "w") as f:
@@ -278,7 +406,7 @@ def check_clones(parser, args, required):
     clones = {}
     for side, (repository, _, _, _) in REFERENCE_REPOS.items():
         clone = getattr(args, side.lower())
-        if not clone and required:
+        if not clone and required and side in COMPARED:
             parser.error(f"--{side.lower()} CLONE is needed: a clone of {repository}")
         if clone and (problem := check_clone(side, clone)):
             parser.error(problem)
