@@ -35,6 +35,7 @@ OTHER_COMMANDS = {
     "--help",
     "--cleanrl",
     "--leanrl",
+    "--fasttd3",
     "--reference-python",
     "--jax-python",
     "--until-score",
