@@ -22,7 +22,7 @@ import learning
 import learning_tables
 import references
 import runner
-from script_runs import ROOT, served_python_env
+from script_runs import ROOT, load_script, served_python_env
 
 PYTHON = f"python{sys.version_info[0]}.{sys.version_info[1]}"  # as records name this interpreter
 
@@ -761,7 +761,10 @@ def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps():
     named += [("CleanRL", row["cleanrl"]) for row in rows.values() if "cleanrl" in row]
     named += [(side, name) for row in rows.values() for side, name, *_ in row.get("jax", [])]
     named += [
-        (side.split("-")[0], name) for task in table["tasks"].values() for side, name in task.get("references", [])
+        (side.split("-")[0], name)
+        for task in table["tasks"].values()
+        for side, name in task.get("references", [])
+        if side != "FastTD3"  # its own test below
     ]
     assert ("CleanRL", "ppo_atari_envpool_xla_jax_scan") in named and ("LeanRL", "dqn_jax") in named
     for side, name in set(named):
@@ -787,3 +790,48 @@ def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps():
         assert record["sps"] > 0 and record["commit"] in (references.REFERENCE_REPOS[side][1] for side in clones), (
             record
         )
+
+
+def test_fast_td3s_settings_reach_fasttd3s_train_py_under_its_names():
+    """Our flags as FastTD3's train.py takes them: the same names with underscores, its step counts per env, every
+    flag whose default differs between the two given (its defaults for a gymnasium id are MuJoCo Playground's), each
+    such default ours."""
+    module = load_script("fast_td3.py")
+    ours = module.Args()
+    assert {name: str(getattr(ours, name)) for name in references.FASTTD3_OUR_DEFAULTS} == (
+        references.FASTTD3_OUR_DEFAULTS
+    )
+    flags = ["--env-id", "HalfCheetah-v5", "--num-envs", "8", "--total-timesteps", "300000", "--batch-size", "1024"]
+    words = references.fasttd3_flags(flags)
+    given = dict(zip(words[::2], words[1::2]))
+    assert given["--env_name"] == "HalfCheetah-v5" and given["--num_envs"] == "8" and given["--batch_size"] == "1024"
+    assert given["--total_timesteps"] == "37500" and given["--learning_starts"] == "160"  # 300,000 and 1,280 over 8
+    assert given["--v_min"] == "-1000.0" and given["--gamma"] == "0.99" and given["--buffer_size"] == "51200"
+    assert words[-2:] == ["--no_compile", "--no_cuda"] and "--no_cuda" not in references.fasttd3_flags(flags, True)
+
+
+@pytest.mark.slow
+def test_fasttd3s_train_py_patches_cleanly_and_runs_a_gymnasium_task(tmp_path):
+    """FastTD3's own train.py, where a clone is given (FASTTD3_CLONE): read at its pinned commit, every patch finds
+    its line; on Pendulum-v1 (episodes of 200 steps) with our settings under its names it trains, and the wandb
+    stand-in keeps its speed in env steps and its episodes' running mean, at env steps."""
+    clone = os.environ.get("FASTTD3_CLONE")
+    if not clone:
+        pytest.skip("no clone of FastTD3: set FASTTD3_CLONE to one (a plain git clone) to run this test")
+    if problem := references.check_clone("FastTD3", clone):
+        pytest.fail(problem)
+    path, record = references.write_reference("FastTD3", "train", clone, str(tmp_path))
+    assert len(record["patches"]) == 1 + len(references.REFERENCE_PATCHES["train"])
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--total-timesteps", "1600", "--learning-starts", "400"]
+    flags += ["--batch-size", "64", "--critic-hidden-dim", "64", "--actor-hidden-dim", "32", "--seed", "1"]
+    env = {**os.environ, "MUJOCO_GL": "disable"}
+    proc = subprocess.run(
+        [sys.executable, path, *references.fasttd3_flags(flags)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "wandb_log.jsonl").read_text().splitlines()]
+    returns = [row for row in rows if "episode_return" in row]
+    speeds = [row for row in rows if "speed" in row]
+    # each env's episode ends at its 200th step: 800 env steps, then 1,600
+    assert [row["step"] for row in returns] == [800, 1600] and all(-2000 < row["episode_return"] < 0 for row in returns)
+    assert speeds and all(row["speed"] > 0 for row in speeds)
