@@ -8,8 +8,8 @@ usage() {
 usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--fasttd3 CLONE]
                 [--reference-python PY] [--jax-python PY] [--until-score] [--max-minutes M]] [--quick | --smoke]
                 [--results FOLDER]
-       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--reference-python PY] [--jax-python PY] [--rounds N]
-               [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
+       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--fasttd3 CLONE] [--reference-python PY] [--jax-python PY]
+               [--rounds N] [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
        any of them with --dry-run: print the commands it would run, run nothing
 Runs every script in every speed mode (benchmarks/<group>.sh), then writes the tables and the chart; with
@@ -24,7 +24,8 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --seeds N          with --learning: seeds 1..N of each task (default 3)
   --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
   --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
-  --fasttd3 CLONE    with --learning: FastTD3's own train.py (a clone of younggyoseo/FastTD3) beside fast_td3.py
+  --fasttd3 CLONE    with --learning and --compare: FastTD3's own train.py (a clone of younggyoseo/FastTD3)
+                     beside fast_td3.py
   --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
   --until-score      with --learning: stop each run at its task's score (for the seconds to it only)
   --max-minutes M    with --learning: stop a run after M minutes (recorded as not reaching the score)
@@ -37,7 +38,7 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
                      side's headline runs only)
   --budget-minutes M with --compare: start no run that would not end within M minutes
   --run-timeout S    with --compare: stop a run after S seconds (it is recorded as stopped)
-  --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax (default: all)
+  --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax,fasttd3 (default: all)
   --only LIST        with --compare: only these rows of benchmarks/settings.toml (default: every row that
                      names a reference script)
   --headline         with --compare: only each side's headline runs (ours at its default threads, each

@@ -32,12 +32,13 @@ import tempfile
 import time
 
 import runner
-from references import REFERENCE_REPOS, check_clones, package_versions, write_reference
+from references import REFERENCE_REPOS, check_clones, fasttd3_flags, package_versions, write_reference
 
 # a run's seconds before any record says better (a compiling run: twice), on a CPU and on CUDA
 GUESS_SECONDS = {False: {"smoke": 30, "quick": 90, "full": 240}, True: {"smoke": 30, "quick": 60, "full": 120}}
-SIDES = ("ours", "leanrl", "cleanrl", "jax")
-PROJECT = {"leanrl": "LeanRL", "cleanrl": "CleanRL"}
+SIDES = ("ours", "leanrl", "cleanrl", "jax", "fasttd3")
+PROJECT = {"leanrl": "LeanRL", "cleanrl": "CleanRL", "fasttd3": "FastTD3"}
+NAMES = {"ours": "ours", "jax": "JAX", **PROJECT}
 # XLA's CPU runtime takes every core; one thread: its Eigen pool switched off, the flags jax users pass for one thread
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 KEY = ("row", "side", "script", "mode", "threads", "round", "profile")
@@ -45,7 +46,7 @@ KEY = ("row", "side", "script", "mode", "threads", "round", "profile")
 
 def compared(rows):
     """The names of settings.toml's rows that have a reference script."""
-    return [name for name, row in rows.items() if {"leanrl", "cleanrl", "jax"} & set(row)]
+    return [name for name, row in rows.items() if {"leanrl", "cleanrl", "jax", "fasttd3"} & set(row)]
 
 
 def plan(rows, names, rounds, cuda, headline_only=False):
@@ -75,10 +76,15 @@ def plan(rows, names, rounds, cuda, headline_only=False):
                 + [(plain, "eager", threads) for threads in their_threads],
                 "cleanrl": [(row.get("cleanrl"), "eager", threads) for threads in their_threads],
                 "jax": [(script, "jit", threads) for script in jax for threads in jax_threads],
+                # FastTD3's train.py: eager, and compiled its own way (on CUDA its CUDA graphs too)
+                "fasttd3": [
+                    (row.get("fasttd3"), mode, threads) for mode in ("eager", "compile") for threads in their_threads
+                ],
             }
             headline = [("ours", row["script"], mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)]
             headline += [("leanrl", compiled, leanrl_modes[-1], 1), ("cleanrl", row.get("cleanrl"), "eager", 1)]
             headline += [("jax", script, "jit", jax_threads[0]) for script in jax]
+            headline += [("fasttd3", row.get("fasttd3"), "compile" if cuda else "eager", 1)]
             for side in SIDES if forward else SIDES[::-1]:
                 for run in by_side[side]:
                     tier = (side, *run) not in headline
@@ -140,6 +146,10 @@ def command(args, rows, run):
     script = (
         f"{REFERENCE_REPOS[PROJECT[script.split('/')[0] if side == 'jax' else side]][2]}/{script.split('/')[-1]}.py"
     )
+    if side == "fasttd3":  # the same settings under its names
+        import torch
+
+        return python, [script, *fasttd3_flags(flags, torch.cuda.is_available(), mode), "--seed", "1"], settings
     return python, [script, *flags, *runner.mode_flags(mode), "--seed", "1"], settings
 
 
@@ -156,8 +166,8 @@ def run_one(args, clones, rows, run, limit):
             summary = runner.summary(ended.stdout) or {}
             record.update({key: summary.get(key) for key in ("sps", "warmup_seconds", "torch_threads", "device")})
         else:
-            project = words[0].split("/")[0]
-            path, found = write_reference(PROJECT[project], os.path.basename(words[0])[:-3], clones[project], workdir)
+            project = PROJECT[words[0].split("/")[0] if run[1] == "jax" else run[1]]
+            path, found = write_reference(project, os.path.basename(words[0])[:-3], clones[project.lower()], workdir)
             record.update(found, script_path=found.pop("script"))
             ended = runner.run([python, path, *words[1:]], workdir, env, limit)
             record["sps"] = reference_sps(workdir, run[1] == "jax", starts)
@@ -212,14 +222,16 @@ def best_settings(records):
     """The table of each row's best setting per side and the ratios (compare.md's first, the README's), and
     {(row, side): SPS}. The JAX column is the faster of the two projects' JAX scripts, named."""
     table, rows = medians(records), runner.settings()["rows"]
-    jax = any(key[1] == "jax" for key in table)
-    lines = ["| script | ours: best | LeanRL: best | CleanRL: best |" + " JAX: best |" * jax]
-    lines[0] += " ours / LeanRL | ours / CleanRL |" + " ours / JAX |" * jax
-    lines.append("| --- " * (4 + jax) + "| ---: " * (2 + jax) + "|")
+    # the JAX and FastTD3 columns where they have a figure
+    shown = [side for side in SIDES if side in SIDES[:3] or any(key[1] == side for key in table)]
+    lines = ["| script | " + "".join(f"{NAMES[side]}: best | " for side in shown)]
+    lines[0] += "".join(f"ours / {NAMES[side]} | " for side in shown[1:])
+    lines[0] = lines[0].rstrip()
+    lines.append("| --- " * (1 + len(shown)) + "| ---: " * (len(shown) - 1) + "|")
     best = {}
     for row in [row for row in compared(rows) if any(key[0] == row for key in table)]:
         cells = []
-        for side in SIDES[: 3 + jax]:
+        for side in shown:
             found = [(sps, key) for key, (sps, _) in table.items() if key[:2] == (row, side)]
             sps, key = max(found, key=lambda item: item[0]) if found else (None, None)
             best[row, side] = sps
@@ -227,7 +239,7 @@ def best_settings(records):
             threads = key and {"default": "its default threads", 1: "1 thread"}.get(key[4], f"{key[4]} threads")
             tried = any((r["row"], r["side"]) == (row, side) for r in records)
             cells.append(f"{sps:.0f} ({setting}, {threads})" if found else "no SPS" if tried else "-")
-        for side in SIDES[1 : 3 + jax]:
+        for side in shown[1:]:
             cells.append(
                 f"{best[row, 'ours'] / best[row, side]:.2f}x" if best[row, "ours"] and best[row, side] else "-"
             )
@@ -293,7 +305,7 @@ def write_tables(folder, records):
         fig, ax = plt.subplots(figsize=(1.6 * max(len(rows), 2) + 2, 3.5))
         for i, side in enumerate(SIDES):
             heights = [best.get((row, side)) or 0 for row in rows]
-            ax.bar([j + (i - 1.5) * 0.2 for j in range(len(rows))], heights, width=0.2, label=side)
+            ax.bar([j + (i - 2) * 0.16 for j in range(len(rows))], heights, width=0.16, label=side)
         ax.set_xticks(range(len(rows)), rows)
         ax.set(ylabel="steady SPS, best setting", yscale="log")
         ax.legend()
@@ -326,6 +338,8 @@ def main():
     cuda = torch.cuda.is_available()
     runs = plan(rows, names, args.rounds, cuda, args.headline or args.profile == "smoke")
     runs = [run for run in runs if run[1] in args.sides.split(",")]
+    if "fasttd3" not in clones and not args.dry_run:  # FastTD3's runs need its clone (--fasttd3)
+        runs = [run for run in runs if run[1] != "fasttd3"]
     if args.dry_run:
         for run in runs:
             print(runner.record_command(*command(args, rows, run)))

@@ -277,10 +277,11 @@ FASTTD3_OUR_DEFAULTS = {
 }
 
 
-def fasttd3_flags(flags, cuda=False):
+def fasttd3_flags(flags, cuda=False, mode="eager"):
     """Our fast_td3.py's `flags` as FastTD3's train.py takes them: the same names with underscores, its step counts
     per env, every flag whose default differs given; no evaluation, rendering or checkpoints along the way (ours
-    evaluate at the end), wandb's log kept by the stand-in, CUDA where there is one."""
+    evaluate at the end), wandb's log kept by the stand-in, CUDA where there is one, compiled in the mode "compile"
+    (its own torch.compile: "reduce-overhead", CUDA graphs on CUDA)."""
     given = {flags[i][2:].replace("-", "_"): str(flags[i + 1]) for i in range(0, len(flags), 2)}
     given = {**FASTTD3_OUR_DEFAULTS, **given}
     num_envs = int(given["num_envs"])
@@ -290,7 +291,8 @@ def fasttd3_flags(flags, cuda=False):
     given["env_name"] = given.pop("env_id")
     words = [word for name, value in given.items() for word in (f"--{name}", value)]
     off = ["--eval_interval", "0", "--render_interval", "0", "--save_interval", "0", "--num_eval_envs", "1"]
-    return [*words, *off, "--exp_name", "fasttd3", "--no_compile", *([] if cuda else ["--no_cuda"])]
+    compiled = "--compile" if mode == "compile" else "--no_compile"
+    return [*words, *off, "--exp_name", "fasttd3", compiled, *([] if cuda else ["--no_cuda"])]
 
 
 # LeanRL's scripts log to Weights & Biases only: the running mean of the last 20 episodes' returns

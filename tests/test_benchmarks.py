@@ -728,6 +728,59 @@ def test_the_comparison_alternates_resumes_keeps_to_its_budget_and_tables_the_si
     assert one_thread["command"].startswith(f"OMP_NUM_THREADS=1 XLA_FLAGS='{compare.XLA_ONE_THREAD}' {PYTHON} cleanrl/")
 
 
+FAKE_FASTTD3_TRAIN = """\
+# stands in for FastTD3's train.py: its speed to wandb (env steps, as patched), 70 eager and 90 compiled; the module
+# beside it that it imports by its name
+import sys
+
+import wandb
+from fast_td3_utils import SPEED
+
+assert sys.argv[sys.argv.index("--env_name") + 1] == "Pendulum-v1" and "--no_cuda" in sys.argv
+for step in range(0, 1000, 100):
+    wandb.log({"speed": SPEED["--compile" in sys.argv]}, step=step)
+"""
+
+
+def test_the_comparison_runs_fasttd3s_train_py_with_our_settings_under_its_names(fake_sides, tmp_path, monkeypatch):
+    """A row naming `fasttd3`: FastTD3's train.py (a fake clone) runs eager and compiled at one and two threads,
+    its own module put beside it, our flags under its names; its SPS is the speed it logs; the table gets its column
+    and ratio; without --fasttd3 its runs are left out."""
+    commit = fake_repository(
+        tmp_path / "fasttd3",
+        {"fast_td3/train.py": FAKE_FASTTD3_TRAIN, "fast_td3/fast_td3_utils.py": "SPEED = {False: 70.0, True: 90.0}\n"},
+        "FastTD3",
+        monkeypatch,
+    )
+    monkeypatch.setitem(
+        references.REFERENCE_REPOS, "FastTD3", ("fake/FastTD3", commit, "fast_td3", ["fast_td3/fast_td3_utils.py"])
+    )
+    monkeypatch.setitem(references.REFERENCE_PATCHES, "train", [])
+    budget = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--total-timesteps", "800", "--learning-starts", "200"]
+    row = {"script": "fake.py", "fasttd3": "train", "quick": budget}
+    monkeypatch.setattr(runner, "settings", lambda: {"rows": {"fake": row}})
+    order = [run[1:5] for run in compare.plan(runner.settings()["rows"], ["fake"], rounds=1, cuda=False)]
+    assert [run for run in order if run[0] == "fasttd3"] == [
+        ("fasttd3", "train", "eager", 1), ("fasttd3", "train", "eager", 2),
+        ("fasttd3", "train", "compile", 1), ("fasttd3", "train", "compile", 2),
+    ]  # fmt: skip
+    _, argv = fake_sides
+    argv += ["--profile", "quick", "--rounds", "1", "--sides", "ours,fasttd3", "--headline"]
+    monkeypatch.setattr(sys, "argv", argv)
+    compare.main()
+    assert not any(r["side"] == "fasttd3" for r in compare.load_runs(tmp_path / "results" / "runs.jsonl"))
+    monkeypatch.setattr(sys, "argv", argv + ["--fasttd3", str(tmp_path / "fasttd3")])
+    compare.main()
+    (record,) = [r for r in compare.load_runs(tmp_path / "results" / "runs.jsonl") if r["side"] == "fasttd3"]
+    assert record["sps"] == 70.0 and record["commit"] == commit and record["threads"] == 1
+    words = record["command"].split()
+    given = {word: words[i + 1] for i, word in enumerate(words[:-1]) if word.startswith("--")}
+    assert (given["--num_envs"], given["--total_timesteps"], given["--learning_starts"]) == ("4", "200", "50")
+    table = (tmp_path / "results" / "compare.md").read_text()
+    assert "| FastTD3: best | ours / LeanRL | ours / CleanRL | ours / FastTD3 |" in table
+    assert "| 202 (compile, its default threads) | - | - | 70 (eager, 1 thread) | - | - | 2.89x |" in table
+
+
 def test_the_readme_speed_tables_are_the_results_files():
     """The README's comparison and learning tables are what `benchmarks/collect.py --readme` makes of the results
     files: a number typed by hand, or results that changed without the README, fail here."""
