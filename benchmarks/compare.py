@@ -331,13 +331,17 @@ def main():
     if args.rounds < 1 or (args.budget_minutes or 1) <= 0:
         parser.error("--rounds and --budget-minutes must be positive")
     args.python = os.environ.get("PYTHON", sys.executable)
-    clones = check_clones(parser, args, required=not (args.collect or args.dry_run))
+    sides = args.sides.split(",")
+    # the projects whose scripts the runs read; FastTD3's runs are left out without its clone
+    needed = {PROJECT[side] for side in sides if side in PROJECT for name in names if side in rows[name]}
+    needed |= {project for name in names for project, *_ in rows[name].get("jax", [])} if "jax" in sides else set()
+    clones = check_clones(parser, args, () if args.collect or args.dry_run else needed - {"FastTD3"})
     args.jax_python = args.jax_python or args.reference_python
     import torch
 
     cuda = torch.cuda.is_available()
     runs = plan(rows, names, args.rounds, cuda, args.headline or args.profile == "smoke")
-    runs = [run for run in runs if run[1] in args.sides.split(",")]
+    runs = [run for run in runs if run[1] in sides]
     if "fasttd3" not in clones and not args.dry_run:  # FastTD3's runs need its clone (--fasttd3)
         runs = [run for run in runs if run[1] != "fasttd3"]
     if args.dry_run:

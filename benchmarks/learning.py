@@ -174,7 +174,7 @@ def main():
         parser.error(f"no {args.profile} budget for {', '.join(unknown)}")
     if args.seeds < 1:
         parser.error("--seeds must be 1 or more")
-    clones = check_clones(parser, args, required=False)
+    clones = check_clones(parser, args, required=())
     python = os.environ.get("PYTHON", sys.executable)  # run.sh's, as for its speed runs; else this interpreter
     folder = None if args.dry_run else runner.results_folder(args.results, "learning")
     for name in names:

@@ -30,8 +30,6 @@ REFERENCE_REPOS = {
         ["fast_td3/fast_td3.py", "fast_td3/fast_td3_utils.py", "fast_td3/hyperparams.py"],
     ),
 }
-# The sides a comparison of speed needs (./run.sh --compare); FastTD3's code is compared by --learning
-COMPARED = ("CleanRL", "LeanRL")
 # Prepended to every reference script: gymnasium 1.x's vector env made to hand out what 0.29's did, for which these
 # scripts were written (the final step's observation and episode statistics in the same step, `final_observation`
 # and `final_info` as one entry per env, None where no episode ended). The scripts' own lines stay as they are.
@@ -400,15 +398,15 @@ def check_clone(side, clone):
 
 
 def check_clones(parser, args, required):
-    """{"cleanrl": clone, "leanrl": clone} of the clones given, each checked (a missing one refused where
-    `required`); the Pythons given as paths made absolute, as the runs start in scratch folders."""
+    """{"cleanrl": clone, "leanrl": clone, ...} of the clones given, each checked (a missing one refused where its side
+    is in `required`); the Pythons given as paths made absolute, as the runs start in scratch folders."""
     for name in ("reference_python", "jax_python"):
         if getattr(args, name) and os.sep in getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     clones = {}
     for side, (repository, _, _, _) in REFERENCE_REPOS.items():
         clone = getattr(args, side.lower())
-        if not clone and required and side in COMPARED:
+        if not clone and side in required:
             parser.error(f"--{side.lower()} CLONE is needed: a clone of {repository}")
         if clone and (problem := check_clone(side, clone)):
             parser.error(problem)
