@@ -257,7 +257,8 @@ def write_tables(folder, records):
     packages += f"; the references with {each(theirs, 'packages')}" * bool(theirs)
     packages += f"; the JAX scripts with {each(jax, 'packages')}" * bool(jax)
     lines = [
-        f"# Ours beside LeanRL and CleanRL{', and their JAX scripts' * bool(jax)}: {each(records, 'machine')}",
+        f"# Ours beside LeanRL and CleanRL{', and their JAX scripts' * bool(jax)}"
+        f"{', and FastTD3' * any(r['side'] == 'fasttd3' for r in records)}: {each(records, 'machine')}",
         "",
         f"Measured {each(records, 'date')}, {each(records, 'profile')} budgets, one run at a time. {packages}. Made "
         "by `python benchmarks/compare.py` (`./run.sh --compare`); every run's command, SPS and time is a line of "
