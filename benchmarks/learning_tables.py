@@ -22,6 +22,7 @@ SIDES = {
     "LeanRL": "#55a868",
     "CleanRL-JAX": "#c44e52",
     "LeanRL-JAX": "#8172b3",
+    "FastTD3": "#937860",
 }
 
 
@@ -218,7 +219,8 @@ def readme_row(task, sides):
     finals = " · ".join(f"{side} {np.mean([*map(final_training_return, runs)]):.1f}" for side, runs in whole.items())
     run_minutes = " · ".join(f"{side} {minutes(runs):.1f}" for side, runs in whole.items())
     row = f"| {task} ({ours(sides).get('env_id', '')}) | {steps:,} | {seeds} | {scores().get(task, '-')} | {times} "
-    return row + f"| {finals} | {run_minutes} | {np.mean(evaluation):.1f} +- {np.std(evaluation):.1f} |\n"
+    evaluated = f"{np.mean(evaluation):.1f} +- {np.std(evaluation):.1f}" if evaluation else "-"  # runs stopped early
+    return row + f"| {finals or '-'} | {run_minutes or '-'} | {evaluated} |\n"
 
 
 def chart(task, sides, path):
