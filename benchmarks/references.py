@@ -280,14 +280,16 @@ def fasttd3_flags(flags, cuda=False, mode="eager"):
     per env, every flag whose default differs given; no evaluation, rendering or checkpoints along the way (ours
     evaluate at the end), wandb's log kept by the stand-in, CUDA where there is one, compiled in the mode "compile"
     (its own torch.compile: "reduce-overhead", CUDA graphs on CUDA)."""
-    given = {flags[i][2:].replace("-", "_"): str(flags[i + 1]) for i in range(0, len(flags), 2)}
-    given = {**FASTTD3_OUR_DEFAULTS, **given}
+    given, rest = dict(FASTTD3_OUR_DEFAULTS), [str(word) for word in flags]
+    while rest:  # a switch (--no-use-cdq) takes no value
+        name = rest.pop(0)[2:].replace("-", "_")
+        given[name] = rest.pop(0) if rest and not rest[0].startswith("--") else None
     num_envs = int(given["num_envs"])
     for name in ("total_timesteps", "learning_starts"):
         if name in given:
             given[name] = str(int(given[name]) // num_envs)
     given["env_name"] = given.pop("env_id")
-    words = [word for name, value in given.items() for word in (f"--{name}", value)]
+    words = [word for name, value in given.items() for word in (f"--{name}", value) if word is not None]
     off = ["--eval_interval", "0", "--render_interval", "0", "--save_interval", "0", "--num_eval_envs", "1"]
     compiled = "--compile" if mode == "compile" else "--no_compile"
     return [*words, *off, "--exp_name", "fasttd3", compiled, *([] if cuda else ["--no_cuda"])]

@@ -854,12 +854,14 @@ def test_fast_td3s_settings_reach_fasttd3s_train_py_under_its_names():
     assert {name: str(getattr(ours, name)) for name in references.FASTTD3_OUR_DEFAULTS} == (
         references.FASTTD3_OUR_DEFAULTS
     )
-    flags = ["--env-id", "HalfCheetah-v5", "--num-envs", "8", "--total-timesteps", "300000", "--batch-size", "1024"]
-    words = references.fasttd3_flags(flags)
+    flags = ["--env-id", "HalfCheetah-v5", "--num-envs", "8", "--no-use-cdq", "--total-timesteps", "300000"]
+    words = references.fasttd3_flags([*flags, "--batch-size", "1024", "--v-max", "-5"])
+    assert words[words.index("--no_use_cdq") + 1].startswith("--")  # a switch, its own word
+    words.remove("--no_use_cdq")
     given = dict(zip(words[::2], words[1::2]))
     assert given["--env_name"] == "HalfCheetah-v5" and given["--num_envs"] == "8" and given["--batch_size"] == "1024"
     assert given["--total_timesteps"] == "37500" and given["--learning_starts"] == "160"  # 300,000 and 1,280 over 8
-    assert given["--v_min"] == "-1000.0" and given["--gamma"] == "0.99" and given["--buffer_size"] == "51200"
+    assert given["--v_min"] == "-1000.0" and given["--v_max"] == "-5" and given["--buffer_size"] == "51200"
     assert words[-2:] == ["--no_compile", "--no_cuda"] and "--no_cuda" not in references.fasttd3_flags(flags, True)
 
 
