@@ -417,7 +417,6 @@ if __name__ == "__main__":
     noise_scales = torch.zeros(args.num_envs, 1, device=device)
     ended = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # each env draws its first noise scale
     critic_updates = 0
-    actor_updates = 0
     metrics = {}
     global_step = 0
     num_iterations = args.total_timesteps // args.num_envs
@@ -448,7 +447,6 @@ if __name__ == "__main__":
                     critic_updates += 1
                     if critic_updates % args.policy_frequency == 0:  # on the batch the critics just learned from
                         metrics.update(actor_step(batch[0]))
-                        actor_updates += 1
             if iteration % LOG_EVERY == 0:
                 run.log(global_step, metrics)
         global_step = num_iterations * args.num_envs
@@ -457,7 +455,7 @@ if __name__ == "__main__":
 
     summary = {
         "critic_updates": critic_updates,
-        "actor_updates": actor_updates,
+        "actor_updates": critic_updates // args.policy_frequency,
         "amp_active": args.amp and device.type == "cuda",
         "compiled_pieces": ["actor_loss", "critic_loss", "policy"] if args.compile else [],
     }
