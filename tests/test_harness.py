@@ -24,7 +24,7 @@ def test_a_run_that_never_ends(tmp_path):
 def test_a_runaway_test_fails_named_at_its_limit_and_its_run_is_ended(tmp_path):
     marker = f"runaway-{uuid.uuid4().hex}"
     (tmp_path / "test_runaway.py").write_text(RUNAWAY.format(tests=os.path.join(ROOT, "tests"), marker=marker))
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "--timeout", "20"]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "--timeout", "8"]
     env = {**os.environ, "LEANRL_TESTS_FRESH": "1"}  # one fresh interpreter: no script server to start
     result = subprocess.run(
         [*command, "test_runaway.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120

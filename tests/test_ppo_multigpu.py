@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 import run_bookkeeping
 from checks import assert_a_seed_learns, assert_compiled_as_designed, learned_the_cue
-from script_runs import ROOT, SCRIPTS, STANDIN, load_script, sabotaged_if_asked
+from script_runs import ROOT, SCRIPTS, STANDIN, load_script, run_script, sabotaged_if_asked
 
 pytest.importorskip("envpool")
 
@@ -192,20 +192,17 @@ def test_two_processes_learn_the_cue_task(workdir):
     assert_a_seed_learns(run_seed, learned_the_cue)
 
 
-def test_without_torchrun_it_is_one_process_and_says_so(workdir):
-    proc = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, SCRIPT), *map(str, [*TINY, "--total-timesteps", 64])],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_without_torchrun_it_is_one_process_and_says_so_with_both_speed_flags(workdir):
+    """The fast tier's compiled run of this script: --compile compiles the pieces and, without CUDA, --cudagraphs runs
+    eagerly. The launches of several processes are in the slow tier."""
+    summary, proc = run_script(SCRIPT, [*TINY, "--total-timesteps", 64, "--compile", "--cudagraphs"], workdir)
     assert proc.stdout.count("one process: torchrun starts several") == 1
-    [summary] = summaries(workdir)
     assert summary["world_size"] == 1 and summary["num_envs"] == 2 and summary["steps_done"] == 64
+    assert summary["mode"] == "compile+cudagraphs" and summary["cudagraphs_requested"]
+    assert_compiled_as_designed(summary)
 
 
+@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -224,6 +221,7 @@ def test_bad_input_stops_every_process_with_one_line(args, message, workdir):
     assert not os.path.exists(os.path.join(workdir, "runs"))
 
 
+@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
 def test_two_launchers_meet_at_one_rendezvous_with_both_speed_flags(workdir):
     """Two nodes as SLURM starts them, here on one machine: one torchrun each, one c10d rendezvous. With both speed
     flags (the other launches run eager): --compile compiles the pieces and, without CUDA, --cudagraphs runs
@@ -253,6 +251,7 @@ def wait_for_steps(proc, workdir, seconds=120):
     time.sleep(8)  # a few iterations in
 
 
+@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
 def test_sigterm_to_the_launcher_stops_every_process_with_the_steps_done(workdir):
     proc = launch([*TINY, "--total-timesteps", 100_000], workdir)
     wait_for_steps(proc, workdir)
@@ -294,6 +293,7 @@ def test_a_signal_during_the_stop_all_reduce_waits_for_the_next_one(monkeypatch)
         received.clear()
 
 
+@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
 def test_a_killed_process_ends_the_others_within_seconds(workdir):
     """The first process keeps the summary and the model as the last whole update left it."""
     proc = launch([*TINY, "--total-timesteps", 100_000, "--save-model"], workdir)
