@@ -406,7 +406,8 @@ if __name__ == "__main__":
     actor_loss_step = partial(
         maybe_compile(actor_loss), actor=actor, normalizer=normalizer, qnet_view=qnet_view, use_cdq=args.use_cdq
     )
-    autocast = partial(torch.autocast, device.type, torch.bfloat16, enabled=args.amp and device.type == "cuda")
+    amp = args.amp and device.type == "cuda"
+    autocast = partial(torch.autocast, device.type, torch.bfloat16, enabled=amp)
     critic_step = partial(update, loss_fn=critic_loss_step, optimizer=q_optimizer, autocast=autocast)
     actor_step = partial(update, loss_fn=actor_loss_step, optimizer=actor_optimizer, autocast=autocast)
     if run.cudagraphs:  # captured after the first calls (compilation, AdamW's state)
@@ -456,7 +457,7 @@ if __name__ == "__main__":
     summary = {
         "critic_updates": critic_updates,
         "actor_updates": critic_updates // args.policy_frequency,
-        "amp_active": args.amp and device.type == "cuda",
+        "amp_active": amp,
         "compiled_pieces": ["actor_loss", "critic_loss", "policy"] if args.compile else [],
     }
     evaluation = partial(evaluate, actor_view, normalizer, args, device, run.video_folder)

@@ -321,7 +321,7 @@ def playing_actors(pid):
     return actors
 
 
-@pytest.mark.slow  # Ray's lifecycle: an actor restarted mid-run, 25-55 s here
+@pytest.mark.slow  # Ray's lifecycle: an actor restarted mid-run, 24-56 s here
 def test_a_killed_actor_is_restarted_and_training_continues(workdir):
     """SIGKILL one actor process mid-run: Ray restarts it, the learner counts the restart and the lost unrolls
     and trains to the end of its budget."""
@@ -353,7 +353,7 @@ def running(pid):
         return False
 
 
-@pytest.mark.slow  # Ray's lifecycle: a local Ray's processes after its driver, 12-20 s here
+@pytest.mark.slow  # Ray's lifecycle: a local Ray's processes after its driver, 8-20 s here
 def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
     """A driver killed with SIGKILL cannot shut its local Ray down; Ray's GCS and raylet follow it, and without the
     script's reaper its two agents would stay a minute (see docs/impala.md)."""

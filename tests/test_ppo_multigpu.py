@@ -202,7 +202,7 @@ def test_without_torchrun_it_is_one_process_and_says_so_with_both_speed_flags(wo
     assert_compiled_as_designed(summary)
 
 
-@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
+@pytest.mark.slow  # several processes launched by torchrun: 9-42 s each here
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -221,7 +221,7 @@ def test_bad_input_stops_every_process_with_one_line(args, message, workdir):
     assert not os.path.exists(os.path.join(workdir, "runs"))
 
 
-@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
+@pytest.mark.slow  # several processes launched by torchrun: 9-42 s each here
 def test_two_launchers_meet_at_one_rendezvous_with_both_speed_flags(workdir):
     """Two nodes as SLURM starts them, here on one machine: one torchrun each, one c10d rendezvous. With both speed
     flags (the other launches run eager): --compile compiles the pieces and, without CUDA, --cudagraphs runs
@@ -251,7 +251,7 @@ def wait_for_steps(proc, workdir, seconds=120):
     time.sleep(8)  # a few iterations in
 
 
-@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
+@pytest.mark.slow  # several processes launched by torchrun: 9-42 s each here
 def test_sigterm_to_the_launcher_stops_every_process_with_the_steps_done(workdir):
     proc = launch([*TINY, "--total-timesteps", 100_000], workdir)
     wait_for_steps(proc, workdir)
@@ -293,7 +293,7 @@ def test_a_signal_during_the_stop_all_reduce_waits_for_the_next_one(monkeypatch)
         received.clear()
 
 
-@pytest.mark.slow  # several processes launched by torchrun: 10-40 s each here
+@pytest.mark.slow  # several processes launched by torchrun: 9-42 s each here
 def test_a_killed_process_ends_the_others_within_seconds(workdir):
     """The first process keeps the summary and the model as the last whole update left it."""
     proc = launch([*TINY, "--total-timesteps", 100_000, "--save-model"], workdir)
