@@ -1,6 +1,9 @@
 """Checks that several test files make of a script's runs and pieces: the summary's keys, what --compile compiles,
-the modes a machine runs, same seed same numbers, a checkpoint's round trip, learning against a random policy."""
+the modes a machine runs, same seed same numbers, a checkpoint's round trip, the video of an evaluation game,
+learning against a random policy."""
 
+import glob
+import importlib.util
 import math
 import os
 from functools import partial
@@ -65,6 +68,38 @@ def assert_compiled_as_designed(summary, variant=""):
         pieces, graphs, breaks = [], 0, 0
     assert summary["compiled_pieces"] == pieces
     assert (summary["compile_graphs"], summary["graph_breaks"], summary["graphs_after_warmup"]) == (graphs, breaks, 0)
+
+
+# A script's one tiny run (its eager mode test's, which every test that only reads a tiny run shares) records its
+# first evaluation game where moviepy, the [video] extra, is there to write it; its video test reads it back.
+RECORD = ["--capture-video"] if importlib.util.find_spec("moviepy") else []
+CARTPOLE_SCREEN, ATARI_SCREEN, PENDULUM_SCREEN = (400, 600, 3), (210, 160, 3), (500, 500, 3)
+
+
+def assert_records_the_first_evaluation_game(summary, screen):
+    """--capture-video: one mp4 of the first evaluation game in the run folder, read back frame by frame, of the
+    env's screen, its frames moving. On CartPole one frame a step after the reset's (a step scores 1), on Atari a
+    whole game: five balls of Breakout, not one life."""
+    if not RECORD:
+        pytest.skip("moviepy, the [video] extra, is not installed")
+    imageio = pytest.importorskip("imageio.v2")  # moviepy's own reader and writer
+    videos = glob.glob(os.path.join(summary["run_dir"], "videos", "*.mp4"))
+    assert len(videos) == 1, videos
+    with imageio.get_reader(videos[0]) as reader:
+        first, frames, moved = None, 0, False
+        for frame in reader:
+            first = frame if first is None else first
+            moved |= bool((frame != first).any())
+            frames += 1
+    assert first.shape == screen and moved
+    if screen == CARTPOLE_SCREEN:
+        # a game held to the 500-step limit reads back one frame short: imageio's reader gives 500 frames of the 501
+        # that gymnasium's RecordVideo writes (seen with RecordVideo alone, no script)
+        assert frames == summary["eval_returns"][0] + 1 - (summary["eval_returns"][0] == 500)
+    elif screen == ATARI_SCREEN:
+        assert frames >= 100  # 117-357 frames here
+    else:  # Pendulum: its 200 steps and the reset
+        assert frames >= 200
 
 
 CUE_RANDOM_SCORE = 8.0  # a random policy's game on Cue-v5: 32 steps, one action of 4 scores (test_standin_envpool)

@@ -1,13 +1,20 @@
 """SAC and TD3 as a user runs them: every speed mode, bad input, determinism, checkpoints, videos."""
 
-import glob
 import math
 import os
 
 import pytest
 import torch
 
-from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
+from checks import (
+    PENDULUM_SCREEN,
+    RECORD,
+    SUMMARY_KEYS,
+    assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
+    assert_same_seed_same_numbers,
+    modes_here,
+)
 from script_runs import run_script, shared_run
 
 SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py"]
@@ -26,12 +33,14 @@ TINY = [
     "--eval-episodes",
     2,
 ]
+# The eager run is each script's one tiny run: the checkpoint and video tests read it too.
 MODES = {
-    "eager": [],
+    "eager": RECORD,
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
+TINY_RUN = [*TINY, *MODES["eager"], "--save-model"]
 
 
 @pytest.mark.parametrize("mode", modes_here(MODES))
@@ -74,7 +83,7 @@ def is_a_state_dict(state):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_checkpoint_reloads_to_the_same_policy_and_continues(script, workdir):
-    trained, _ = shared_run(script, [*TINY, "--save-model"])
+    trained, _ = shared_run(script, TINY_RUN)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     assert os.path.isfile(checkpoint) and not os.path.exists(checkpoint + ".tmp")
     evaluated, _ = run_script(
@@ -154,11 +163,9 @@ def test_sac_entropy_coefficient_fixed_or_autotuned(autotune, alpha_changes, wor
         assert summary["alpha"] == pytest.approx(0.1)
 
 
-def test_capture_video_records_the_evaluation(workdir):
-    pytest.importorskip("moviepy")
-    summary, _ = run_script("sac_continuous_action.py", TINY + ["--capture-video"], workdir)
-    videos = glob.glob(os.path.join(summary["run_dir"], "videos", "*.mp4"))
-    assert len(videos) == 1 and os.path.getsize(videos[0]) > 1000
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_capture_video_records_the_first_evaluation_game(script):
+    assert_records_the_first_evaluation_game(shared_run(script, TINY_RUN)[0], PENDULUM_SCREEN)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -186,7 +193,7 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, work
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_checkpoint_from_another_env_is_refused(script, workdir):
-    trained, _ = shared_run(script, [*TINY, "--save-model"])
+    trained, _ = shared_run(script, TINY_RUN)
     _, proc = run_script(
         script,
         [

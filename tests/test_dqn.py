@@ -19,7 +19,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import SUMMARY_KEYS, assert_compiled_as_designed, assert_same_seed_same_numbers, modes_here
+from checks import (
+    CARTPOLE_SCREEN,
+    RECORD,
+    SUMMARY_KEYS,
+    assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
+    assert_same_seed_same_numbers,
+    modes_here,
+)
 from script_runs import load_script, run_script, shared_run, start_script
 
 SCRIPT, ASYNC = "dqn.py", "dqn_atari_async.py"
@@ -55,18 +63,25 @@ TINY = [
     "--eval-episodes",
     2,
 ]
-# Without CUDA, cudagraphs runs the eager code and compile+cudagraphs the compiled one, each with one warning.
+# Without CUDA, cudagraphs runs the eager code and compile+cudagraphs the compiled one, each with one warning. The
+# eager and async runs are each script's one tiny run: the same-seed, checkpoint and video tests read them too.
 MODES = {
-    "eager": (SCRIPT, []),
+    "eager": (SCRIPT, RECORD),
     "compile": (SCRIPT, ["--compile"]),
     "cudagraphs": (SCRIPT, ["--cudagraphs"]),
     "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]),
     "2-envs": (SCRIPT, ["--num-envs", 2]),
-    "async": (ASYNC, CARTPOLE),
+    "async": (ASYNC, [*CARTPOLE, *RECORD]),
     "async+compile": (ASYNC, [*CARTPOLE, "--compile"]),
     "async+cudagraphs": (ASYNC, [*CARTPOLE, "--cudagraphs"]),
     "async+compile+cudagraphs": (ASYNC, [*CARTPOLE, "--compile", "--cudagraphs"]),
 }
+
+
+def tiny_run(mode):
+    """The arguments of the tiny run of `mode`, which keeps its model: the script's and its flags."""
+    script, flags = MODES[mode]
+    return script, [*flags, *TINY, "--save-model"]
 
 
 def run_limiter(
@@ -216,8 +231,8 @@ def test_update_equals_a_plain_td_step():
 
 @pytest.mark.parametrize("mode", modes_here(MODES))
 def test_every_mode_writes_a_valid_summary(mode, workdir):
-    script, flags = MODES[mode]
-    summary, proc = shared_run(script, [*flags, *TINY, "--save-model"])
+    script, args = tiny_run(mode)
+    summary, proc = shared_run(script, args)
     assert SUMMARY_KEYS <= summary.keys() and summary["script"] == script
     assert summary["compile"] == ("compile" in mode) and summary.get("async_actor", False) == mode.startswith("async")
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
@@ -230,6 +245,11 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     assert len(summary["eval_returns"]) == 2 and all(1 <= r <= 500 for r in summary["eval_returns"])
     assert 8 <= summary["return_mean"] <= 500  # CartPole episodes last 8 steps or more
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
+
+
+@pytest.mark.parametrize("mode", ["eager", "async"])
+def test_capture_video_records_the_first_evaluation_game(mode):
+    assert_records_the_first_evaluation_game(shared_run(*tiny_run(mode))[0], CARTPOLE_SCREEN)
 
 
 def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):
@@ -252,9 +272,7 @@ def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(
-        SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics", "return_mean"]
-    )
+    assert_same_seed_same_numbers(*tiny_run("eager"), workdir, ["eval_returns", "final_metrics", "return_mean"])
 
 
 @pytest.mark.parametrize(
@@ -426,7 +444,7 @@ def test_learns_cartpole_within_60k_steps(script, workdir):
 
 
 def test_checkpoint_evaluates_to_the_reported_score(workdir):
-    trained, _ = shared_run(SCRIPT, [*TINY, "--save-model"])
+    trained, _ = shared_run(*tiny_run("eager"))
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
         SCRIPT, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir

@@ -12,11 +12,14 @@ import pytest
 import torch
 
 from checks import (
+    ATARI_SCREEN,
+    RECORD,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
     assert_checkpoint_round_trip,
     assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
@@ -43,11 +46,12 @@ TINY = [
 ]
 # Without CUDA, compile+cudagraphs runs the compiled code with one warning. eager and cudagraphs run in
 # test_same_seed_gives_identical_runs. async+compile: the learner compiles while the actor plays eagerly; the start-up
-# must neither hang nor stall (the async script's other modes run on CartPole in tests/test_dqn.py).
+# must neither hang nor stall (the async script's other modes run on CartPole in tests/test_dqn.py). The gymnasium run
+# records its first evaluation game, ALE's screen, for the video test.
 MODES = {
     "compile": (SCRIPT, ["--compile"]),
     "compile+cudagraphs": (SCRIPT, ["--compile", "--cudagraphs"]),
-    "gymnasium": (SCRIPT, ["--env-backend", "gymnasium"]),
+    "gymnasium": (SCRIPT, ["--env-backend", "gymnasium", *RECORD]),
     "async": (ASYNC, []),
     "async+compile": (ASYNC, ["--compile"]),
 }
@@ -208,6 +212,11 @@ def check_summary(summary, proc, mode):
 def test_every_mode_writes_a_valid_summary(mode, workdir):
     script, flags = MODES[mode]
     check_summary(*shared_run(script, [*TINY, *flags, "--save-model"]), mode)
+
+
+def test_capture_video_records_the_first_evaluation_game():
+    script, flags = MODES["gymnasium"]
+    assert_records_the_first_evaluation_game(shared_run(script, [*TINY, *flags, "--save-model"])[0], ATARI_SCREEN)
 
 
 def test_same_seed_gives_identical_runs(workdir):

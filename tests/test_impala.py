@@ -14,15 +14,18 @@ import pytest
 import torch
 
 from checks import (
+    CARTPOLE_SCREEN,
+    RECORD,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
     assert_same_loss_and_gradients,
     done_patterns,
     learned_the_cue,
     loss_and_gradients,
 )
-from script_runs import load_script, run_on_standin, run_script, start_script
+from script_runs import load_script, run_on_standin, run_script, shared_run, start_script
 
 SCRIPT = "impala_ray.py"
 IMPALA_KEYS = {
@@ -197,33 +200,35 @@ def check_summary(summary, fresh_per_update):
     assert all(np.isfinite(value) for value in summary["final_metrics"].values())
 
 
-# Each mode once, the variants spread over them (a run starts Ray and its actors: 10-25 s here): the feed-forward
-# core compiled; the LSTM core compiled and, without CUDA, the graphs' warning; replay with the eager code behind
-# --cudagraphs; on Atari, the ResNet with the LSTM core and replay, and the default Nature CNN, eager.
+# RAY_ADDRESS names a cluster that is not there: a run without --ray-address starts a Ray of its own all the same
+NO_CLUSTER = {"RAY_ADDRESS": "127.0.0.1:9"}
+REPLAY = ["--replay-ratio", 0.5, "--batch-size", 16, "--replay-size", 24]
+# The compiled feed-forward core on CartPole, with replay: it records its first evaluation game for the video test.
+COMPILED_CARTPOLE = [*CARTPOLE, "--compile", "--total-timesteps", 3200, *REPLAY, *RECORD]
+
+
+def mode_run(args):
+    """The session's run of `args` (a run starts Ray and its actors: 10-25 s here), which two tests may read."""
+    return shared_run(SCRIPT, [*args, "--measure-burnin", 2, "--eval-episodes", 2], env=NO_CLUSTER)
+
+
+# Each mode once, the variants spread over them: the feed-forward core compiled, with replay; the LSTM core compiled
+# and, without CUDA, the graphs' warning; on Atari, the ResNet with the LSTM core and replay, and the default Nature
+# CNN, eager. Without CUDA, --cudagraphs alone runs the eager code of the Atari runs: it runs with CUDA only.
 @pytest.mark.parametrize(
     "mode, args, fresh_per_update",
     [
-        ("compile", CARTPOLE + ["--compile", "--total-timesteps", 3200], 16 * 20),
+        ("compile", COMPILED_CARTPOLE, 8 * 20),
         (
             "compile+cudagraphs",
             CARTPOLE + ["--compile", "--cudagraphs", "--lstm", "--hide-obs", 1, 3, "--total-timesteps", 3200],
             16 * 20,
         ),
-        (
+        pytest.param(
             "cudagraphs",
-            CARTPOLE
-            + [
-                "--cudagraphs",
-                "--total-timesteps",
-                3200,
-                "--replay-ratio",
-                0.5,
-                "--batch-size",
-                16,
-                "--replay-size",
-                24,
-            ],
+            CARTPOLE + ["--cudagraphs", "--total-timesteps", 3200, *REPLAY],
             8 * 20,
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the eager code without CUDA"),
         ),
         (
             "eager",
@@ -267,17 +272,15 @@ def check_summary(summary, fresh_per_update):
         ),
     ],
     ids=[
-        "compile-cartpole",
+        "compile-cartpole-replay",
         "compile+cudagraphs-cartpole-lstm",
         "cudagraphs-cartpole-replay",
         "atari-resnet-lstm-replay",
         "atari",
     ],
 )
-def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir):
-    # RAY_ADDRESS names a cluster that is not there: a run without --ray-address starts a Ray of its own all the same
-    no_cluster = {"RAY_ADDRESS": "127.0.0.1:9"}
-    summary, proc = run_script(SCRIPT, args + ["--measure-burnin", 2, "--eval-episodes", 2], workdir, env=no_cluster)
+def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update):
+    summary, proc = mode_run(args)
     check_summary(summary, fresh_per_update)
     assert summary["lstm"] == ("--lstm" in args)
     assert_compiled_as_designed(summary, " --lstm" if summary["lstm"] else "")
@@ -286,6 +289,10 @@ def test_every_mode_writes_a_valid_summary(mode, args, fresh_per_update, workdir
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and not summary["cudagraphs_active"]
     assert len(summary["eval_returns"]) == 2 and summary["ray_address"] == "local"
     assert proc.stderr.count("--cudagraphs needs CUDA") == ("cudagraphs" in mode)
+
+
+def test_capture_video_records_the_first_evaluation_game():
+    assert_records_the_first_evaluation_game(mode_run(COMPILED_CARTPOLE)[0], CARTPOLE_SCREEN)
 
 
 def test_a_checkpoint_evaluates_to_the_reported_score_and_refuses_another_core(workdir):

@@ -19,11 +19,14 @@ import torch
 import torch._inductor.config as inductor_config
 
 from checks import (
+    ATARI_SCREEN,
+    RECORD,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
     assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
+    assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
@@ -53,12 +56,14 @@ TINY = [
     "--eval-episodes",
     2,
 ]
+# The eager run is each script's one tiny run: the same-seed, checkpoint and video tests read it too.
 MODES = {
-    "eager": [],
+    "eager": RECORD,
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
+TINY_RUN = [*TINY, *MODES["eager"], "--save-model"]
 
 
 @BOTH
@@ -361,13 +366,18 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
 
 
+@BOTH
+def test_capture_video_records_the_first_evaluation_game(script):
+    assert_records_the_first_evaluation_game(shared_run(script, TINY_RUN)[0], ATARI_SCREEN)
+
+
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"])
+    assert_same_seed_same_numbers(SCRIPT, TINY_RUN, workdir, ["eval_returns", "final_metrics"])
 
 
 @BOTH
 def test_checkpoint_evaluates_to_the_reported_score(script, workdir):
-    trained, _ = shared_run(script, [*TINY, "--save-model"])
+    trained, _ = shared_run(script, TINY_RUN)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
         script, ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint], workdir

@@ -38,12 +38,14 @@ TINY = [
     "--eval-episodes",
     2,
 ]
+# The eager run is the script's one tiny run: the same-seed, checkpoint and TensorBoard-tag tests read it too.
 MODES = {
     "eager": [],
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
+TINY_RUN = [*TINY, *MODES["eager"], "--save-model"]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -146,7 +148,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 
 def test_same_seed_gives_identical_runs(workdir):
-    assert_same_seed_same_numbers(SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"])
+    assert_same_seed_same_numbers(SCRIPT, TINY_RUN, workdir, ["eval_returns", "final_metrics"])
 
 
 def test_target_kl_stops_the_epochs(workdir):
@@ -155,7 +157,7 @@ def test_target_kl_stops_the_epochs(workdir):
 
 
 def test_checkpoint_restores_policy_and_observation_statistics(workdir):
-    trained, _ = shared_run(SCRIPT, [*TINY, "--save-model"])
+    trained, _ = shared_run(SCRIPT, TINY_RUN)
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluated, _ = run_script(
         SCRIPT,

@@ -10,11 +10,14 @@ import torch
 from test_ppo_atari import random_policy_scores
 
 from checks import (
+    ATARI_SCREEN,
+    RECORD,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
     assert_checkpoint_round_trip,
     assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
     assert_same_loss_and_gradients,
     assert_same_seed_same_numbers,
     done_patterns,
@@ -41,16 +44,17 @@ TINY = [
     "--eval-episodes",
     2,
 ]
+# The eager run is each script's one tiny run: the same-seed, implementation, checkpoint and video tests read it too.
 MODES = {
-    "eager": [],
+    "eager": RECORD,
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
 
 
-def tiny_run(impl="padded", mode_flags=()):
-    """The arguments of a tiny run that the mode, same-seed, implementation and checkpoint tests share."""
+def tiny_run(impl="padded", mode_flags=MODES["eager"]):
+    """The arguments of a tiny run of `impl`: by default the script's one tiny run, the eager mode test's."""
     return [*TINY, *mode_flags, "--lstm-impl", impl, "--save-model"]
 
 
@@ -203,6 +207,10 @@ def test_every_mode_writes_a_valid_summary(mode, impl, workdir):
     assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
     assert len(summary["eval_returns"]) == 2 and all(math.isfinite(v) for v in summary["final_metrics"].values())
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
+
+
+def test_capture_video_records_the_first_evaluation_game():
+    assert_records_the_first_evaluation_game(shared_run(SCRIPT, tiny_run())[0], ATARI_SCREEN)
 
 
 def test_same_seed_gives_identical_runs(workdir):

@@ -14,10 +14,14 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
 from checks import (
+    ATARI_SCREEN,
+    CARTPOLE_SCREEN,
+    RECORD,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
     assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
@@ -32,12 +36,18 @@ BOTH = pytest.mark.parametrize("script", [CLASSIC, ATARI], ids=["classic", "atar
 TINY = ["--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2, "--eval-episodes", 2]
 TINY += ["--total-timesteps", 256]
 ENV = {CLASSIC: ["--env-id", "CartPole-v1"], ATARI: ["--env-id", "Breakout-v5"]}
+# The eager run is each script's one tiny run: the same-seed, checkpoint and video tests read it too.
 MODES = {
-    "eager": [],
+    "eager": RECORD,
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
 }
+
+
+def tiny_run(script):
+    """The arguments of the script's one tiny run, the eager mode test's."""
+    return [*ENV[script], *TINY, *MODES["eager"], "--save-model"]
 
 
 def needs_envpool(script):
@@ -228,17 +238,22 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
 
 
 @BOTH
+def test_capture_video_records_the_first_evaluation_game(script):
+    needs_envpool(script)
+    screen = ATARI_SCREEN if script == ATARI else CARTPOLE_SCREEN
+    assert_records_the_first_evaluation_game(shared_run(script, tiny_run(script))[0], screen)
+
+
+@BOTH
 def test_same_seed_gives_identical_runs(script, workdir):
     needs_envpool(script)
-    assert_same_seed_same_numbers(
-        script, [*ENV[script], *TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"]
-    )
+    assert_same_seed_same_numbers(script, tiny_run(script), workdir, ["eval_returns", "final_metrics"])
 
 
 @BOTH
 def test_checkpoint_evaluates_to_the_reported_score(script, workdir):
     needs_envpool(script)
-    trained, _ = shared_run(script, [*ENV[script], *TINY, "--save-model"])
+    trained, _ = shared_run(script, tiny_run(script))
     checkpoint = os.path.join(trained["run_dir"], "model.pt")
     evaluate = ["--total-timesteps", 0, "--eval-episodes", 2, "--load-model", checkpoint]
     evaluated, _ = run_script(script, [*ENV[script], *evaluate], workdir)

@@ -15,11 +15,14 @@ import torch.nn.functional as F
 from scipy import stats
 
 from checks import (
+    ATARI_SCREEN,
+    RECORD,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
     assert_checkpoint_round_trip,
     assert_compiled_as_designed,
+    assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
@@ -33,14 +36,16 @@ SCRIPT = "rainbow_atari.py"
 # 2 envs x 200 steps: 200 steps before learning, 50 updates (5 of them warm-up), one evaluation game.
 TINY = ["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2]
 TINY += ["--measure-burnin", 5, "--eval-episodes", 1]
+# The eager run is each script's one tiny run: the same-seed, checkpoint and video tests read it too.
 MODES = {
-    "eager": [],
+    "eager": RECORD,
     "compile": ["--compile"],
     "cudagraphs": ["--cudagraphs"],
     "compile+cudagraphs": ["--compile", "--cudagraphs"],
     "gymnasium": ["--env-backend", "gymnasium"],
     "ablations": ["--n-step", 1, "--prioritized-replay-alpha", 0, "--no-noisy"],
 }
+TINY_RUN = [*TINY, *MODES["eager"], "--save-model"]
 CPU = torch.device("cpu")
 
 
@@ -431,17 +436,22 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
 
 
+def test_capture_video_records_the_first_evaluation_game():
+    pytest.importorskip("envpool")
+    assert_records_the_first_evaluation_game(shared_run(SCRIPT, TINY_RUN)[0], ATARI_SCREEN)
+
+
 def test_same_seed_gives_identical_runs(workdir):
     """Eager, then --cudagraphs, which without CUDA runs the same code eagerly: the same numbers."""
     pytest.importorskip("envpool")
     assert_same_seed_same_numbers(
-        SCRIPT, [*TINY, "--save-model"], workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
+        SCRIPT, TINY_RUN, workdir, ["eval_returns", "final_metrics"], second_flags=["--cudagraphs"]
     )
 
 
 def test_a_checkpoint_loads_back_to_the_same_weights(workdir):
     pytest.importorskip("envpool")
-    assert_checkpoint_round_trip(SCRIPT, [*TINY, "--save-model"], "q_network", workdir)
+    assert_checkpoint_round_trip(SCRIPT, TINY_RUN, "q_network", workdir)
 
 
 @pytest.mark.parametrize(

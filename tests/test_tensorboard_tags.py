@@ -8,8 +8,12 @@ import os
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_continuous_scripts import TINY_RUN as CONTINUOUS_TINY_RUN
+from test_dqn import tiny_run as dqn_tiny_run
+from test_ppo_continuous import TINY_RUN as PPO_CONTINUOUS_TINY_RUN
+from test_pqn import tiny_run as pqn_tiny_run
 
-from script_runs import run_on_standin, run_script
+from script_runs import run_on_standin, shared_run
 
 EPISODES = {"charts/episodic_return", "charts/episodic_length"}
 PPO = {f"losses/{name}" for name in ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")}
@@ -32,34 +36,27 @@ CLEANRL_TAGS = {
     "pqn_atari_envpool.py": PQN | {"charts/avg_episodic_return"},
     "rainbow_atari.py": EPISODES | {"charts/SPS", "charts/beta", "losses/td_loss", "losses/q_values"},
 }
-PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 600, "--learning-starts", 200, "--batch-size", 32]
-# Runs long enough for episodes to end, updates to be logged (DQN's every 100 updates) and the speed to be measured;
-# an evaluation where CleanRL's script evaluates. The image scripts play envpool's stand-in (tests/standin), whose
-# Cue-v5 game ends after 32 steps of an env (a random Breakout game takes about 200).
+# Runs long enough for episodes to end and the speed to be measured (a run logs its last losses as it ends); an
+# evaluation where CleanRL's script evaluates. The scripts on classic control and MuJoCo read their one tiny run
+# (their eager mode test's); the image scripts play envpool's stand-in (tests/standin), whose Cue-v5 game ends after
+# 32 steps of an env (a random Breakout game takes about 200).
+TINY_RUNS = {
+    "sac_continuous_action.py": CONTINUOUS_TINY_RUN,
+    "td3_continuous_action.py": CONTINUOUS_TINY_RUN,
+    "ppo_continuous_action.py": PPO_CONTINUOUS_TINY_RUN,
+    "dqn.py": dqn_tiny_run("eager")[1],
+    "pqn.py": pqn_tiny_run("pqn.py"),
+}
 ATARI_PPO = ["--env-id", "Cue-v5", "--total-timesteps", 512, "--num-steps", 32, "--eval-episodes", 0]
 ATARI_DQN = ["--env-id", "Cue-v5", "--total-timesteps", 520, "--learning-starts", 100, "--buffer-size", 520]
 ATARI_DQN += ["--num-envs", 4]
-RUNS = {
-    "sac_continuous_action.py": [*PENDULUM, "--measure-burnin", 5, "--eval-episodes", 0],
-    "td3_continuous_action.py": [*PENDULUM, "--measure-burnin", 5, "--eval-episodes", 1],
-    "ppo_continuous_action.py": [
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        1024,
-        "--num-steps",
-        256,
-        "--eval-episodes",
-        1,
-    ],
-    "dqn.py": ["--total-timesteps", 2000, "--learning-starts", 500, "--eval-episodes", 1],
+STANDIN_RUNS = {
     "dqn_atari.py": [*ATARI_DQN, "--eval-episodes", 1],
     "dqn_atari_async.py": [*ATARI_DQN, "--eval-episodes", 1],
     "ppo_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_envpool_async.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_lstm.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_multigpu.py": [*ATARI_PPO, "--local-num-envs", 8],
-    "pqn.py": ["--total-timesteps", 2048, "--eval-episodes", 0],
     "pqn_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
     "rainbow_atari.py": [*ATARI_DQN, "--eval-episodes", 0],
 }
@@ -67,7 +64,10 @@ RUNS = {
 
 @pytest.mark.parametrize("script", sorted(CLEANRL_TAGS))
 def test_every_tag_of_cleanrls_script_is_written(script, workdir):
-    summary, _ = (run_on_standin if "atari" in script else run_script)(script, RUNS[script], workdir)
+    if script in TINY_RUNS:
+        summary, _ = shared_run(script, TINY_RUNS[script])
+    else:
+        summary, _ = run_on_standin(script, STANDIN_RUNS[script], workdir)
     (events,) = glob.glob(os.path.join(summary["run_dir"], "events.out.tfevents.*"))
     accumulator = EventAccumulator(events, size_guidance={"scalars": 0})
     accumulator.Reload()
