@@ -251,12 +251,9 @@ def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
     trained, _ = saved_tiny_run(CASES[script]["other"], "--eval-episodes", 0)
     with open(os.path.join(trained["run_dir"], "model.pt"), "rb") as f:
         checkpoint = f.read()
-    bad = {
-        "empty.pt": b"",
-        "text.pt": b"not a checkpoint\n",
-        "truncated.pt": checkpoint[: len(checkpoint) // 2],
-        "other_script.pt": checkpoint,
-    }
+    # a file that torch.load cannot read and a checkpoint of another script: the module's check, which
+    # test_run_bookkeeping.py gives every kind of bad file, reached through this script's own start
+    bad = {"truncated.pt": checkpoint[: len(checkpoint) // 2], "other_script.pt": checkpoint}
     for name, content in bad.items():
         with open(os.path.join(workdir, name), "wb") as f:
             f.write(content)

@@ -3,6 +3,7 @@ it in one line and holds only its algorithm, within the size a reader was promis
 the scripts run the ways users run them (from a clone, copied with the module, against a pip install)."""
 
 import ast
+import io
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -258,6 +260,33 @@ def test_a_loaded_optimizer_keeps_the_script_settings_and_takes_the_checkpoint_s
         state, saved_state = optimizer.state[param], saved.state[trained_param]
         assert torch.equal(state["exp_avg"], saved_state["exp_avg"]) and state["step"].item() == 2
         assert state["step"].device == param.device  # capturable: the step count lives beside the parameter
+
+
+@pytest.mark.parametrize("name", ["empty.pt", "text.pt", "truncated.pt", "other_script.pt"])
+def test_a_file_that_is_no_checkpoint_of_this_script_is_one_error_line(name, tmp_path, capsys):
+    """What each script's bad-checkpoint test (test_hard_knocks.py) sends through the module, every kind here: a file
+    that torch.load cannot read, or a checkpoint without the states this script names."""
+    import run_bookkeeping
+
+    net = torch.nn.Linear(3, 2)
+    buffer = io.BytesIO()
+    torch.save({"env_id": "Toy-v0", "inputs": 3, "q_network": net.state_dict()}, buffer)
+    content = {
+        "empty.pt": b"",
+        "text.pt": b"not a checkpoint\n",
+        "truncated.pt": buffer.getvalue()[: len(buffer.getvalue()) // 2],
+        "other_script.pt": buffer.getvalue(),
+    }[name]
+    path = tmp_path / name
+    path.write_bytes(content)
+    args = SimpleNamespace(env_id="Toy-v0", load_model=str(path))
+    with pytest.raises(SystemExit) as stopped:
+        run_bookkeeping.Checkpoint(args, torch.device("cpu"), {"net": net}, {"inputs": 3})
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2 and stderr.startswith(
+        f"error: --load-model: {path} is not a checkpoint of this script ("
+    )
+    assert stderr.count("\n") == 1 and stderr.endswith(")\n")
 
 
 @pytest.fixture
