@@ -8,7 +8,7 @@ import os
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_continuous_scripts import TINY_RUN as CONTINUOUS_TINY_RUN
+from test_continuous_scripts import tiny_run as continuous_tiny_run
 from test_dqn import tiny_run as dqn_tiny_run
 from test_ppo_continuous import TINY_RUN as PPO_CONTINUOUS_TINY_RUN
 from test_pqn import tiny_run as pqn_tiny_run
@@ -41,24 +41,24 @@ CLEANRL_TAGS = {
 # (their eager mode test's); the image scripts play envpool's stand-in (tests/standin), whose Cue-v5 game ends after
 # 32 steps of an env (a random Breakout game takes about 200).
 TINY_RUNS = {
-    "sac_continuous_action.py": CONTINUOUS_TINY_RUN,
-    "td3_continuous_action.py": CONTINUOUS_TINY_RUN,
+    "sac_continuous_action.py": continuous_tiny_run("sac_continuous_action.py"),
+    "td3_continuous_action.py": continuous_tiny_run("td3_continuous_action.py"),
     "ppo_continuous_action.py": PPO_CONTINUOUS_TINY_RUN,
     "dqn.py": dqn_tiny_run("eager")[1],
     "pqn.py": pqn_tiny_run("pqn.py"),
 }
 ATARI_PPO = ["--env-id", "Cue-v5", "--total-timesteps", 512, "--num-steps", 32, "--eval-episodes", 0]
-ATARI_DQN = ["--env-id", "Cue-v5", "--total-timesteps", 520, "--learning-starts", 100, "--buffer-size", 520]
-ATARI_DQN += ["--num-envs", 4]
+ATARI_DQN = ["--env-id", "Cue-v5", "--learning-starts", 100, "--num-envs", 4, "--measure-burnin", 5]
 STANDIN_RUNS = {
-    "dqn_atari.py": [*ATARI_DQN, "--eval-episodes", 1],
-    "dqn_atari_async.py": [*ATARI_DQN, "--eval-episodes", 1],
+    "dqn_atari.py": [*ATARI_DQN, "--total-timesteps", 260, "--buffer-size", 260, "--eval-episodes", 1],
+    "dqn_atari_async.py": [*ATARI_DQN, "--total-timesteps", 260, "--buffer-size", 260, "--eval-episodes", 1],
     "ppo_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_envpool_async.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_lstm.py": [*ATARI_PPO, "--num-envs", 8],
     "ppo_atari_multigpu.py": [*ATARI_PPO, "--local-num-envs", 8],
     "pqn_atari_envpool.py": [*ATARI_PPO, "--num-envs", 8],
-    "rainbow_atari.py": [*ATARI_DQN, "--eval-episodes", 0],
+    # charts/beta comes with the losses every 100 updates
+    "rainbow_atari.py": [*ATARI_DQN, "--total-timesteps", 520, "--buffer-size", 520, "--eval-episodes", 0],
 }
 
 
