@@ -190,12 +190,16 @@ def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, 
 
 
 # Each script with one of the two signals, in turn; both for the scripts with processes of their own (the async DQN's
-# actor, IMPALA's Ray) and for SAC. The handler is the run bookkeeping module's, which every script imports.
+# actor, IMPALA's Ray), their SIGINT in the slow tier (a run of theirs takes 6-12 s here), and for SAC. The handler is
+# the run bookkeeping module's, which every script imports.
+OWN_PROCESSES = ("dqn_atari_async.py", "impala_ray.py")
 SIGNALLED = [
-    (script, signum)
+    pytest.param(
+        script, signum, marks=[pytest.mark.slow] if script in OWN_PROCESSES and signum == signal.SIGINT else []
+    )
     for i, script in enumerate(CASES)
     for signum in (signal.SIGTERM, signal.SIGINT)
-    if script in ("sac_continuous_action.py", "dqn_atari_async.py", "impala_ray.py") or i % 2 == signum % 2
+    if script in ("sac_continuous_action.py", *OWN_PROCESSES) or i % 2 == signum % 2
 ]
 
 
