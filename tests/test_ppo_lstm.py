@@ -127,6 +127,9 @@ def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
     dones = restarts_before(starts)
     h, c = torch.randn(1, batch, 128, generator=g), torch.randn(1, batch, 128, generator=g)
     layout = [torch.from_numpy(a) for a in module.segment_layout(starts.numpy())]
+    if compiled:  # as the script marks them: one graph for every segment count, whichever pattern compiles first
+        torch._dynamo.maybe_mark_dynamic(layout[0], 1)
+        torch._dynamo.maybe_mark_dynamic(layout[1], 0)
     actions = torch.randint(0, 4, (num_steps, batch), generator=g)
     logprobs, advantages, returns, values = (torch.randn(num_steps, batch, generator=g) for _ in range(4))
     rollout = [actions, logprobs - 1.4, advantages, returns, values]
