@@ -64,7 +64,8 @@ TINY = [
     2,
 ]
 # Without CUDA, cudagraphs runs the eager code and compile+cudagraphs the compiled one, each with one warning. The
-# eager and async runs are each script's one tiny run: the same-seed, checkpoint and video tests read them too.
+# eager and async runs are each script's one tiny run: the video tests read both, dqn.py's same-seed and checkpoint
+# tests the eager one.
 MODES = {
     "eager": (SCRIPT, RECORD),
     "compile": (SCRIPT, ["--compile"]),
@@ -79,7 +80,7 @@ MODES = {
 
 
 def tiny_run(mode):
-    """The arguments of the tiny run of `mode`, which keeps its model: the script's and its flags."""
+    """The script and the arguments of `mode`'s tiny run, which keeps its model."""
     script, flags = MODES[mode]
     return script, [*flags, *TINY, "--save-model"]
 
