@@ -43,7 +43,8 @@ MODES = {
 
 def tiny_run(script):
     """The arguments of the script's one tiny run, its eager mode test's, which the checkpoint tests read too; SAC's
-    records its first evaluation game for the video test (TD3 writes its video with the same code)."""
+    records its first evaluation game for the video test (TD3 wraps its env in gymnasium's RecordVideo as SAC does,
+    and a Pendulum video costs a run 3-5 s)."""
     return [*TINY, *(RECORD if script == "sac_continuous_action.py" else []), "--save-model"]
 
 
