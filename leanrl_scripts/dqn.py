@@ -157,9 +157,9 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
     return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
 
 
-def update(*batch, loss_fn, optimizer):
+def update(*batch, loss_fn, optimizer, **loss_args):
     """One TD step; backward and Adam run outside the compiled `loss_fn`."""
-    loss, metrics = loss_fn(*batch)
+    loss, metrics = loss_fn(*batch, **loss_args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -229,8 +229,14 @@ if __name__ == "__main__":
     # compiled, then bound: one wrapper, one dynamo cache per function
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
-    loss_step = partial(maybe_compile(td_loss), q_network=q_network, target_network=target_network, gamma=args.gamma)
-    update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
+    update_step = partial(
+        update,
+        loss_fn=maybe_compile(td_loss),
+        optimizer=optimizer,
+        q_network=q_network,
+        target_network=target_network,
+        gamma=args.gamma,
+    )
     if run.cudagraphs:  # captured after warm-up calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 

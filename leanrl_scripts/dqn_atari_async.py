@@ -380,9 +380,9 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
     return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
 
 
-def update(*batch, loss_fn, optimizer):
+def update(*batch, loss_fn, optimizer, **loss_args):
     """One TD step (backward and Adam outside `loss_fn`)."""
-    loss, metrics = loss_fn(*batch)
+    loss, metrics = loss_fn(*batch, **loss_args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -593,8 +593,14 @@ if __name__ == "__main__":
     online_params = from_module(q_network).data
 
     loss_fn = torch.compile(td_loss) if args.compile else td_loss
-    loss_step = partial(loss_fn, q_network=q_network, target_network=target_network, gamma=args.gamma)
-    update_step = partial(update, loss_fn=loss_step, optimizer=optimizer)
+    update_step = partial(
+        update,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        q_network=q_network,
+        target_network=target_network,
+        gamma=args.gamma,
+    )
     if run.cudagraphs:
         update_step = CudaGraphModule(update_step, warmup=5)
 

@@ -310,10 +310,10 @@ def actor_loss(obs, *, actor, normalizer, qnet_view, use_cdq):
     return loss, {"actor_loss": loss.detach()}
 
 
-def update(*batch, loss_fn, optimizer, autocast):
+def update(*batch, loss_fn, optimizer, autocast, **loss_args):
     """One gradient step on `loss_fn` (the compiled piece, under `autocast`); backward and AdamW run outside it."""
-    with autocast():
-        loss, metrics = loss_fn(*batch)
+    with autocast:
+        loss, metrics = loss_fn(*batch, **loss_args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -395,21 +395,29 @@ if __name__ == "__main__":
     policy_step = partial(
         maybe_compile(policy), actor=actor_view, normalizer=normalizer, std_min=args.std_min, std_max=args.std_max
     )
-    critic_loss_step = partial(
-        maybe_compile(critic_loss),
+    amp = args.amp and device.type == "cuda"
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=amp)
+    critic_step = partial(
+        update,
+        loss_fn=maybe_compile(critic_loss),
+        optimizer=q_optimizer,
+        autocast=autocast,
         actor=actor_view,
         normalizer=normalizer,
         qnet=qnet,
         target_qnet=target_qnet,
         args=args,
     )
-    actor_loss_step = partial(
-        maybe_compile(actor_loss), actor=actor, normalizer=normalizer, qnet_view=qnet_view, use_cdq=args.use_cdq
+    actor_step = partial(
+        update,
+        loss_fn=maybe_compile(actor_loss),
+        optimizer=actor_optimizer,
+        autocast=autocast,
+        actor=actor,
+        normalizer=normalizer,
+        qnet_view=qnet_view,
+        use_cdq=args.use_cdq,
     )
-    amp = args.amp and device.type == "cuda"
-    autocast = partial(torch.autocast, device.type, torch.bfloat16, enabled=amp)
-    critic_step = partial(update, loss_fn=critic_loss_step, optimizer=q_optimizer, autocast=autocast)
-    actor_step = partial(update, loss_fn=actor_loss_step, optimizer=actor_optimizer, autocast=autocast)
     if run.cudagraphs:  # captured after the first calls (compilation, AdamW's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))

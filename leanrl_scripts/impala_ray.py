@@ -469,14 +469,14 @@ def impala_loss(unrolls, layout, *, agent, args):
     }
 
 
-def update(unrolls, layout, *, loss_fn, agent, optimizer, max_grad_norm):
+def update(unrolls, layout, *, loss_fn, agent, optimizer, args):
     """One step on `loss_fn`, the piece --compile compiles with its backward (with --lstm, the graphs on each side of
     the core), while the backward call, the clipping and the fused Adam step, which dynamo does not trace, run
     outside it. Metrics stay on the device."""
-    loss, metrics = loss_fn(unrolls, layout)
+    loss, metrics = loss_fn(unrolls, layout, agent=agent, args=args)
     optimizer.zero_grad()
     loss.backward()
-    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm).detach()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
     optimizer.step()
     return metrics
 
@@ -746,10 +746,10 @@ if __name__ == "__main__":
     )  # the actors get its weights as they start
     # --compile compiles the learner's loss: the function itself, its keyword arguments bound after, so a graph break
     # inside it (the core, with --lstm) resumes there
-    loss_step = partial(torch.compile(impala_loss) if args.compile else impala_loss, agent=agent, args=args)
+    loss_fn = torch.compile(impala_loss) if args.compile else impala_loss
     if args.compile:  # dynamo may then hold the LSTM and hand it to the eager lstm_padded, not give the loss up
         torch._dynamo.config.allow_rnn = True
-    update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
+    update_step = partial(update, loss_fn=loss_fn, agent=agent, optimizer=optimizer, args=args)
     # One update graph per padded segment count of the core, made at its first use: a CUDA graph has fixed shapes.
     # Without a core, the layout is empty and there is one. Its first calls compile and initialise Adam's state.
     update_steps = defaultdict(lambda: CudaGraphModule(update_step, warmup=5) if run.cudagraphs else update_step)

@@ -202,12 +202,12 @@ def ppo_loss(minibatch, *, agent, args):
     }
 
 
-def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
+def update(minibatch, *, loss_fn, agent, optimizer, args):
     """One step on `loss_fn` (the compiled piece; backward, clipping and Adam run outside it)."""
-    loss, metrics = loss_fn(minibatch)
+    loss, metrics = loss_fn(minibatch, agent=agent, args=args)
     optimizer.zero_grad()
     loss.backward()
-    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm).detach()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
     optimizer.step()
     return metrics
 
@@ -269,8 +269,7 @@ if __name__ == "__main__":
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
-    loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
-    update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
+    update_step = partial(update, loss_fn=maybe_compile(ppo_loss), agent=agent, optimizer=optimizer, args=args)
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, update_step = map(graphed, (policy_step, gae_step, update_step))

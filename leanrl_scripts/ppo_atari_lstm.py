@@ -257,12 +257,12 @@ def ppo_loss(minibatch, *, agent, args):
     }
 
 
-def update(minibatch, *, loss_fn, agent, optimizer, max_grad_norm):
+def update(minibatch, *, loss_fn, agent, optimizer, args):
     """One optimizer step on `loss_fn`, the compiled piece."""
-    loss, metrics = loss_fn(minibatch)
+    loss, metrics = loss_fn(minibatch, agent=agent, args=args)
     optimizer.zero_grad()
     loss.backward()
-    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm).detach()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm).detach()
     optimizer.step()
     return metrics
 
@@ -339,8 +339,7 @@ if __name__ == "__main__":
         torch._dynamo.config.allow_rnn = True
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
-    loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
-    update_step = partial(update, loss_fn=loss_step, agent=agent, optimizer=optimizer, max_grad_norm=args.max_grad_norm)
+    update_step = partial(update, loss_fn=maybe_compile(ppo_loss), agent=agent, optimizer=optimizer, args=args)
     if run.cudagraphs:
         policy_step, gae_step = graphed(policy_step), graphed(gae_step)
     # a CUDA graph per segment count: fixed shapes

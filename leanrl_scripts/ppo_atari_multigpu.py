@@ -226,9 +226,9 @@ def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
     }
 
 
-def loss_and_gradients(*minibatch, loss_fn, flat_grads):
+def loss_and_gradients(*minibatch, loss_fn, flat_grads, agent, args):
     """`loss_fn`'s metrics, its gradients written into `flat_grads`."""
-    loss, metrics = loss_fn(*minibatch)
+    loss, metrics = loss_fn(*minibatch, agent=agent, args=args)
     flat_grads.zero_()
     loss.backward()
     return metrics
@@ -381,13 +381,13 @@ if __name__ == "__main__":
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
-    ppo_loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
-    loss_step = partial(loss_and_gradients, loss_fn=ppo_loss_step, flat_grads=flat_grads)
+    loss_step = partial(
+        loss_and_gradients, loss_fn=maybe_compile(ppo_loss), flat_grads=flat_grads, agent=agent, args=args
+    )
     apply_step = partial(apply_gradients, agent=agent, optimizer=optimizer, flat_grads=flat_grads, args=args)
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, gae_step, loss_step, apply_step = map(graphed, (policy_step, gae_step, loss_step, apply_step))
-    epoch = partial(update_epoch, loss_step=loss_step, apply_step=apply_step, flat_grads=flat_grads, args=args)
 
     T = args.num_steps
     E = args.local_num_envs
@@ -438,7 +438,16 @@ if __name__ == "__main__":
             batch = Batch(*(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values)))
             minibatch_metrics = []
             for _ in range(args.update_epochs):
-                minibatch_metrics += epoch(batch, torch.randperm(local_batch_size, device=device), group=group)
+                order = torch.randperm(local_batch_size, device=device)
+                minibatch_metrics += update_epoch(
+                    batch,
+                    order,
+                    loss_step=loss_step,
+                    apply_step=apply_step,
+                    flat_grads=flat_grads,
+                    args=args,
+                    group=group,
+                )
                 num_updates += args.num_minibatches
                 kl = minibatch_metrics[-1]["approx_kl"]
                 if args.target_kl is not None and mean_over_processes(kl, group) > args.target_kl:

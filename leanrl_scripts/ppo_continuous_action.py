@@ -277,12 +277,12 @@ def ppo_loss(minibatch, *, agent, args):
     }
 
 
-def update(minibatch, *, loss_fn, params, optimizer, max_grad_norm):
+def update(minibatch, *, loss_fn, agent, params, optimizer, args):
     """One step on `loss_fn`, the piece --compile compiles; the clipping and the fused Adam step run eagerly."""
-    loss, metrics = loss_fn(minibatch)
+    loss, metrics = loss_fn(minibatch, agent=agent, args=args)
     optimizer.zero_grad(set_to_none=False)  # in place: None would detach them from the flat buffer
     loss.backward()
-    metrics["grad_norm"] = nn.utils.clip_grad_norm_(params, max_grad_norm).detach()
+    metrics["grad_norm"] = nn.utils.clip_grad_norm_(params, args.max_grad_norm).detach()
     optimizer.step()
     return metrics
 
@@ -342,9 +342,8 @@ if __name__ == "__main__":
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
-    loss_step = partial(maybe_compile(ppo_loss), agent=agent, args=args)
     update_step = partial(
-        update, loss_fn=loss_step, params=[flat_params], optimizer=optimizer, max_grad_norm=args.max_grad_norm
+        update, loss_fn=maybe_compile(ppo_loss), agent=agent, params=[flat_params], optimizer=optimizer, args=args
     )
     if run.cudagraphs:  # warm-up calls compile and create Adam's state
         graphed = partial(CudaGraphModule, warmup=5)

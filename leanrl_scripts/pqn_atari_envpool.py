@@ -176,7 +176,7 @@ def td_loss(minibatch, *, q_network):
 
 def update(minibatch, *, loss_fn, q_network, optimizer, max_grad_norm):
     """One step on `loss_fn` (compiled); the clipping and RAdam's step run eagerly."""
-    loss, metrics = loss_fn(minibatch)
+    loss, metrics = loss_fn(minibatch, q_network=q_network)
     optimizer.zero_grad()
     loss.backward()
     metrics["grad_norm"] = nn.utils.clip_grad_norm_(q_network.parameters(), max_grad_norm).detach()
@@ -248,9 +248,12 @@ if __name__ == "__main__":
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view)
     returns_step = partial(maybe_compile(q_lambda_returns), gamma=args.gamma, q_lambda=args.q_lambda)
-    loss_step = partial(maybe_compile(td_loss), q_network=q_network)
     update_step = partial(
-        update, loss_fn=loss_step, q_network=q_network, optimizer=optimizer, max_grad_norm=args.max_grad_norm
+        update,
+        loss_fn=maybe_compile(td_loss),
+        q_network=q_network,
+        optimizer=optimizer,
+        max_grad_norm=args.max_grad_norm,
     )
     if run.cudagraphs:  # warm-up calls compile and create RAdam's state
         graphed = partial(CudaGraphModule, warmup=5)

@@ -363,10 +363,10 @@ def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_netwo
     return loss, divergence.detach(), {"td_loss": loss.detach(), "q_values": q_values}
 
 
-def update(beta, *, sample_fn, loss_fn, optimizer, replay):
+def update(beta, *, sample_fn, batch_size, loss_fn, optimizer, replay, **loss_args):
     """One update on the device: draw, loss, Adam, priorities."""
-    leaf, weights, *batch = sample_fn(beta)
-    loss, divergences, metrics = loss_fn(*batch, weights)
+    leaf, weights, *batch = sample_fn(batch_size, beta)
+    loss, divergences, metrics = loss_fn(*batch, weights, **loss_args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -477,11 +477,17 @@ if __name__ == "__main__":
     # compiled before its arguments are bound: dynamo sees one function, one cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), q_network=q_view, support=support)
-    sample_step = partial(maybe_compile(rb.sample), args.batch_size)
-    loss_step = partial(
-        maybe_compile(rainbow_loss), q_network=q_network, target_network=target_network, support=support
+    update_step = partial(
+        update,
+        sample_fn=maybe_compile(rb.sample),
+        batch_size=args.batch_size,
+        loss_fn=maybe_compile(rainbow_loss),
+        optimizer=optimizer,
+        replay=rb,
+        q_network=q_network,
+        target_network=target_network,
+        support=support,
     )
-    update_step = partial(update, sample_fn=sample_step, loss_fn=loss_step, optimizer=optimizer, replay=rb)
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         policy_step, update_step = CudaGraphModule(policy_step, warmup=5), CudaGraphModule(update_step, warmup=5)
 

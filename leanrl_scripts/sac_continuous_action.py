@@ -217,17 +217,17 @@ def actor_loss(obs, *, actor, qnet_view, alpha, log_alpha, target_entropy):
     return loss, metrics
 
 
-def update(*batch, loss_fn, optimizers, alpha=None, log_alpha=None):
+def update(*batch, loss_fn, optimizers, **loss_args):
     """One gradient step of every optimizer on `loss_fn` (the compiled piece; backward and Adam run outside it). With
-    `alpha`, the entropy coefficient follows the stepped log_alpha, in place."""
-    loss, metrics = loss_fn(*batch)
+    `log_alpha`, the entropy coefficient follows the stepped log_alpha, in place."""
+    loss, metrics = loss_fn(*batch, **loss_args)
     for optimizer in optimizers:
         optimizer.zero_grad()
     loss.backward()
     for optimizer in optimizers:
         optimizer.step()
-    if alpha is not None:
-        alpha.copy_(log_alpha.detach().exp())
+    if "log_alpha" in loss_args:
+        loss_args["alpha"].copy_(loss_args["log_alpha"].detach().exp())
     return metrics
 
 
@@ -295,14 +295,27 @@ if __name__ == "__main__":
     # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), actor=actor_view)
-    critic_loss_step = partial(
-        maybe_compile(critic_loss), actor=actor, qnet=qnet, target_qnet=target_qnet, alpha=alpha, gamma=args.gamma
+    critic_step = partial(
+        update,
+        loss_fn=maybe_compile(critic_loss),
+        optimizers=[q_optimizer],
+        actor=actor,
+        qnet=qnet,
+        target_qnet=target_qnet,
+        alpha=alpha,
+        gamma=args.gamma,
     )
-    entropy = dict(alpha=alpha, log_alpha=log_alpha, target_entropy=-float(act_dim))
-    actor_loss_step = partial(maybe_compile(actor_loss), actor=actor, qnet_view=qnet_view, **entropy)
-    critic_step = partial(update, loss_fn=critic_loss_step, optimizers=[q_optimizer])
     actor_optimizers = [actor_optimizer, alpha_optimizer] if args.autotune else [actor_optimizer]
-    actor_step = partial(update, loss_fn=actor_loss_step, optimizers=actor_optimizers, alpha=alpha, log_alpha=log_alpha)
+    actor_step = partial(
+        update,
+        loss_fn=maybe_compile(actor_loss),
+        optimizers=actor_optimizers,
+        actor=actor,
+        qnet_view=qnet_view,
+        alpha=alpha,
+        log_alpha=log_alpha,
+        target_entropy=-float(act_dim),
+    )
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))

@@ -204,9 +204,9 @@ def actor_loss(obs, *, actor, qnet_view):
     return loss, {"actor_loss": loss.detach()}
 
 
-def update(*batch, loss_fn, optimizer):
+def update(*batch, loss_fn, optimizer, **loss_args):
     """One gradient step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
-    loss, metrics = loss_fn(*batch)
+    loss, metrics = loss_fn(*batch, **loss_args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -278,12 +278,18 @@ if __name__ == "__main__":
     # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), actor=actor_view, exploration_noise=args.exploration_noise)
-    critic_loss_step = partial(
-        maybe_compile(critic_loss), target_actor=target_actor, qnet=qnet, target_qnet=target_qnet, args=args
+    critic_step = partial(
+        update,
+        loss_fn=maybe_compile(critic_loss),
+        optimizer=q_optimizer,
+        target_actor=target_actor,
+        qnet=qnet,
+        target_qnet=target_qnet,
+        args=args,
     )
-    actor_loss_step = partial(maybe_compile(actor_loss), actor=actor, qnet_view=qnet_view)
-    critic_step = partial(update, loss_fn=critic_loss_step, optimizer=q_optimizer)
-    actor_step = partial(update, loss_fn=actor_loss_step, optimizer=actor_optimizer)
+    actor_step = partial(
+        update, loss_fn=maybe_compile(actor_loss), optimizer=actor_optimizer, actor=actor, qnet_view=qnet_view
+    )
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))

@@ -207,8 +207,14 @@ def test_update_equals_a_plain_td_step():
     reference.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(1e-3), fused=True)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-3)
-    td_loss = partial(module.td_loss, q_network=q_network, target_network=target_network, gamma=0.9)
-    update = partial(module.update, loss_fn=td_loss, optimizer=optimizer)
+    update = partial(
+        module.update,
+        loss_fn=module.td_loss,
+        optimizer=optimizer,
+        q_network=q_network,
+        target_network=target_network,
+        gamma=0.9,
+    )
     for step in range(3):
         g = torch.Generator().manual_seed(step)
         obs, next_obs = torch.randn(16, 4, generator=g), torch.randn(16, 4, generator=g)

@@ -196,14 +196,32 @@ def test_sped_up_updates_equal_eager_ones(flags):
         view = module.detached_view(
             qnet, module.DistributionalQEnsemble(OBS_DIM, ACT_DIM, 64, ATOMS, -10.0, 10.0).to("meta")
         )
-        critic = partial(module.critic_loss, actor=actor, normalizer=normalizer, qnet=qnet, target_qnet=target_qnet)
-        actor_loss = partial(module.actor_loss, actor=actor, normalizer=normalizer, qnet_view=view, use_cdq=True)
-        if compiled:
-            critic, actor_loss = torch.compile(critic), torch.compile(actor_loss)
+        critic_loss, actor_loss = (
+            torch.compile(f, disable=not compiled) for f in (module.critic_loss, module.actor_loss)
+        )
         adamw = partial(torch.optim.AdamW, weight_decay=0.1, lr=torch.tensor(1e-3))
-        update = partial(module.update, autocast=partial(torch.autocast, "cpu", enabled=False))
-        critic_step = partial(update, loss_fn=partial(critic, args=ARGS), optimizer=adamw(qnet.parameters()))
-        actor_step = partial(update, loss_fn=actor_loss, optimizer=adamw(actor.parameters()))
+        autocast = torch.autocast("cpu", enabled=False)
+        critic_step = partial(
+            module.update,
+            loss_fn=critic_loss,
+            optimizer=adamw(qnet.parameters()),
+            autocast=autocast,
+            actor=actor,
+            normalizer=normalizer,
+            qnet=qnet,
+            target_qnet=target_qnet,
+            args=ARGS,
+        )
+        actor_step = partial(
+            module.update,
+            loss_fn=actor_loss,
+            optimizer=adamw(actor.parameters()),
+            autocast=autocast,
+            actor=actor,
+            normalizer=normalizer,
+            qnet_view=view,
+            use_cdq=True,
+        )
         critic_step, actor_step = (speed_up(step, False, graphed) for step in (critic_step, actor_step))
         sides.append((actor, qnet, critic_step, actor_step))
     for step in range(3):  # the first calls also cover AdamW's state initialisation and any recompile

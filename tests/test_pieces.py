@@ -118,24 +118,46 @@ def build(script, flags=(False, False), seed=0):
         log_alpha = torch.tensor(math.log(0.2), requires_grad=True)
         alpha = log_alpha.detach().exp()
         alpha_optimizer = adam([log_alpha], lr=torch.tensor(1e-3))
-        critic_loss = partial(
-            maybe_compile(module.critic_loss), actor=actor, qnet=qnet, target_qnet=target_qnet, alpha=alpha, gamma=0.99
+        critic = partial(
+            module.update,
+            loss_fn=maybe_compile(module.critic_loss),
+            optimizers=[q_optimizer],
+            actor=actor,
+            qnet=qnet,
+            target_qnet=target_qnet,
+            alpha=alpha,
+            gamma=0.99,
         )
         entropy = dict(alpha=alpha, log_alpha=log_alpha, target_entropy=-float(ACT_DIM))
-        actor_loss = partial(maybe_compile(module.actor_loss), actor=actor, qnet_view=qnet_view, **entropy)
-        critic = partial(module.update, loss_fn=critic_loss, optimizers=[q_optimizer])
         optimizers = [actor_optimizer, alpha_optimizer]
-        actor_step = partial(module.update, loss_fn=actor_loss, optimizers=optimizers, alpha=alpha, log_alpha=log_alpha)
+        actor_step = partial(
+            module.update,
+            loss_fn=maybe_compile(module.actor_loss),
+            optimizers=optimizers,
+            actor=actor,
+            qnet_view=qnet_view,
+            **entropy,
+        )
         nets.update(alpha=alpha, log_alpha=log_alpha)
     else:
         target_actor = copy.deepcopy(actor).requires_grad_(False)
         args = module.Args(gamma=0.99, policy_noise=0.2, noise_clip=0.5)
-        critic_loss = partial(
-            maybe_compile(module.critic_loss), target_actor=target_actor, qnet=qnet, target_qnet=target_qnet, args=args
+        critic = partial(
+            module.update,
+            loss_fn=maybe_compile(module.critic_loss),
+            optimizer=q_optimizer,
+            target_actor=target_actor,
+            qnet=qnet,
+            target_qnet=target_qnet,
+            args=args,
         )
-        actor_loss = partial(maybe_compile(module.actor_loss), actor=actor, qnet_view=qnet_view)
-        critic = partial(module.update, loss_fn=critic_loss, optimizer=q_optimizer)
-        actor_step = partial(module.update, loss_fn=actor_loss, optimizer=actor_optimizer)
+        actor_step = partial(
+            module.update,
+            loss_fn=maybe_compile(module.actor_loss),
+            optimizer=actor_optimizer,
+            actor=actor,
+            qnet_view=qnet_view,
+        )
         nets.update(target_actor=target_actor)
     return nets, speed_up(critic, False, flags[1]), speed_up(actor_step, False, flags[1])
 

@@ -310,8 +310,8 @@ def test_update_steps_like_a_plain_ppo_step(script):
         minibatch = module.Batch(
             obs, actions, logprobs + 0.2 * noise[0], noise[1], values + noise[2], values + 0.1 * noise[3]
         )
-        loss_fn = partial(module.ppo_loss, agent=agent, args=module.Args())
-        metrics = module.update(minibatch, loss_fn=loss_fn, agent=agent, optimizer=optimizer, max_grad_norm=0.5)
+        args = module.Args(max_grad_norm=0.5)
+        metrics = module.update(minibatch, loss_fn=module.ppo_loss, agent=agent, optimizer=optimizer, args=args)
         expected = plain_ppo_step(plain_agent, plain_optimizer, minibatch)
         for name, value in expected.items():
             torch.testing.assert_close(metrics[name], value.detach(), atol=1e-5, rtol=1e-5)
@@ -325,8 +325,10 @@ def build_update(flags):
     torch.manual_seed(0)
     agent = module.Agent(4)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
-    loss_fn = partial(torch.compile(module.ppo_loss, disable=not flags[0]), agent=agent, args=module.Args())
-    update = partial(module.update, loss_fn=loss_fn, agent=agent, optimizer=optimizer, max_grad_norm=0.5)
+    loss_fn = torch.compile(module.ppo_loss, disable=not flags[0])
+    update = partial(
+        module.update, loss_fn=loss_fn, agent=agent, optimizer=optimizer, args=module.Args(max_grad_norm=0.5)
+    )
     return agent, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
 
 

@@ -61,8 +61,9 @@ def build_update(flags, flat=True):
     agent = module.Agent(5, 3)
     params = [module.flatten_parameters(agent)] if flat else list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=torch.tensor(3e-4), eps=1e-5, fused=True)
-    loss_fn = partial(torch.compile(module.ppo_loss, disable=not flags[0]), agent=agent, args=module.Args())
-    update = partial(module.update, loss_fn=loss_fn, params=params, optimizer=optimizer, max_grad_norm=0.5)
+    loss_fn = torch.compile(module.ppo_loss, disable=not flags[0])
+    args = module.Args(max_grad_norm=0.5)
+    update = partial(module.update, loss_fn=loss_fn, agent=agent, params=params, optimizer=optimizer, args=args)
     return agent, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
 
 

@@ -67,7 +67,7 @@ def process_update(rank, port, out):
         batch,
         local_orders()[rank],
         loss_step=partial(
-            module.loss_and_gradients, loss_fn=partial(module.ppo_loss, agent=agent, args=args), flat_grads=flat_grads
+            module.loss_and_gradients, loss_fn=module.ppo_loss, flat_grads=flat_grads, agent=agent, args=args
         ),
         apply_step=partial(module.apply_gradients, agent=agent, optimizer=optimizer, flat_grads=flat_grads, args=args),
         flat_grads=flat_grads,

@@ -144,7 +144,6 @@ def test_update_steps_like_a_plain_pqn_step(script):
     learning_rate = torch.tensor(2.5e-4)
     optimizer = torch.optim.RAdam(q_network.parameters(), lr=learning_rate)
     plain_optimizer = torch.optim.RAdam(plain_network.parameters(), lr=2.5e-4)
-    loss_fn = partial(module.td_loss, q_network=q_network)
     g = torch.Generator().manual_seed(1)
     for step in range(6):
         lr_now = 2.5e-4 * (1 - step / 6)
@@ -152,7 +151,7 @@ def test_update_steps_like_a_plain_pqn_step(script):
         plain_optimizer.param_groups[0]["lr"] = lr_now
         obs, actions, returns = minibatch(script, g)
         metrics = module.update(
-            module.Batch(obs, actions, returns), loss_fn=loss_fn, q_network=q_network, optimizer=optimizer,
+            module.Batch(obs, actions, returns), loss_fn=module.td_loss, q_network=q_network, optimizer=optimizer,
             max_grad_norm=10.0,
         )  # fmt: skip
         expected = plain_pqn_step(plain_network, plain_optimizer, obs, actions, returns)
@@ -193,7 +192,7 @@ def build_update(script, flags):
     torch.manual_seed(0)
     q_network = network(script)
     optimizer = torch.optim.RAdam(q_network.parameters(), lr=torch.tensor(2.5e-4))
-    loss_fn = partial(torch.compile(module.td_loss, disable=not flags[0]), q_network=q_network)
+    loss_fn = torch.compile(module.td_loss, disable=not flags[0])
     update = partial(module.update, loss_fn=loss_fn, q_network=q_network, optimizer=optimizer, max_grad_norm=10.0)
     return q_network, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
 

@@ -356,15 +356,18 @@ def build_update(flags, rb):
     module, q_network, target_network = networks()
     support = torch.linspace(-10, 10, 51)
     compile, cudagraphs = flags
-    loss = partial(
-        torch.compile(module.rainbow_loss) if compile else module.rainbow_loss,
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(1e-3), eps=1.5e-4, fused=True)
+    update = partial(
+        module.update,
+        sample_fn=torch.compile(rb.sample) if compile else rb.sample,
+        batch_size=16,
+        loss_fn=torch.compile(module.rainbow_loss) if compile else module.rainbow_loss,
+        optimizer=optimizer,
+        replay=rb,
         q_network=q_network,
         target_network=target_network,
         support=support,
     )
-    sample = partial(torch.compile(rb.sample) if compile else rb.sample, 16)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(1e-3), eps=1.5e-4, fused=True)
-    update = partial(module.update, sample_fn=sample, loss_fn=loss, optimizer=optimizer, replay=rb)
     return q_network, speed_up(update, False, cudagraphs)
 
 
