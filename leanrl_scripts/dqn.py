@@ -20,7 +20,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, check_spaces, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -207,12 +207,12 @@ if __name__ == "__main__":
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
     # One CPU thread: waking more costs a small MLP more than its math
-    tune_cpu(args.torch_threads, device, threads=1)
+    run.tune_cpu(threads=1)
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     obs_dim = envs.single_observation_space.shape[0]
     num_actions = int(envs.single_action_space.n)
-    check_fits(args.buffer_size * (2 * obs_dim + 3) * 4, device, "--buffer-size")
+    run.check_fits(args.buffer_size * (2 * obs_dim + 3) * 4, "--buffer-size")
     q_network = QNetwork(obs_dim, num_actions).to(device)
     target_network = QNetwork(obs_dim, num_actions).to(device).requires_grad_(False)
     q_view = QNetwork(obs_dim, num_actions).to("meta")  # the learner's weights, shared, without grad

@@ -28,7 +28,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -308,11 +308,11 @@ if __name__ == "__main__":
         fail(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
     device = run.device
     # all usable cores: envs and network take turns
-    tune_cpu(args.torch_threads, device, threads=usable_cores())
+    run.tune_cpu(threads=usable_cores())
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
-    check_fits(args.buffer_size * (84 * 84 + 18), device, "--buffer-size")
+    run.check_fits(args.buffer_size * (84 * 84 + 18), "--buffer-size")
     q_network = QNetwork(num_actions).to(device)
     target_network = QNetwork(num_actions).to(device).requires_grad_(False)
     q_view = QNetwork(num_actions).to("meta")  # the learner's weights, shared, without grad

@@ -34,7 +34,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -141,10 +141,8 @@ def make_gym_env(env_id, render=False):
 def make_classic_env(env_id, render=False):
     """A flat-observation env, given a stack dimension of one."""
     env = gym.make(env_id, render_mode="rgb_array" if render else None)
-    if not isinstance(env.action_space, gym.spaces.Discrete):
-        fail(f"{env_id} has {env.action_space}: DQN needs discrete actions (continuous ones: sac, td3, ppo)")
-    if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
-        fail(f"{env_id} has observations {env.observation_space}: give Atari games by their envpool id (Breakout-v5)")
+    hint = "give Atari games by their envpool id (Breakout-v5)"
+    check_spaces(env_id, env.action_space, gym.spaces.Discrete, env.observation_space, gym.spaces.Box, hint)
     return gym.wrappers.ReshapeObservation(env, (1, *env.observation_space.shape))
 
 
@@ -577,11 +575,11 @@ if __name__ == "__main__":
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
     envs.close()
     q_network = QNetwork(obs_space.shape, num_actions).to(device)
-    tune_cpu(args.torch_threads, device, threads=usable_cores() - 1 if q_network.pixels else 1)
+    run.tune_cpu(threads=usable_cores() - 1 if q_network.pixels else 1)
     frame_dtype = torch.uint8 if q_network.pixels else torch.float32
     frame_bytes = math.prod(obs_space.shape[1:]) * frame_dtype.itemsize
     for storage_device in {torch.device("cpu"), device}:
-        check_fits(args.buffer_size * (frame_bytes + 18), storage_device, "--buffer-size")
+        run.check_fits(args.buffer_size * (frame_bytes + 18), "--buffer-size", storage_device)
     target_network = QNetwork(obs_space.shape, num_actions).to(device).requires_grad_(False)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=learning_rate, fused=True, capturable=run.cudagraphs)

@@ -21,7 +21,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, check_spaces, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -359,12 +359,12 @@ if __name__ == "__main__":
         fail(f"--learning-starts and --buffer-size must cover --num-steps {args.num_steps} steps of every env")
     device = run.device
     # the cores idle at start: a second thread pays on an idle machine, not beside busy processes
-    tune_cpu(args.torch_threads, device, threads="idle")
+    run.tune_cpu(threads="idle")
 
     envs = make_envs(args.env_id, args.num_envs)
     obs_dim = math.prod(envs.single_observation_space.shape)
     act_dim = math.prod(envs.single_action_space.shape)
-    check_fits(args.buffer_size * args.num_envs * (2 * obs_dim + act_dim + 3) * 4, device, "--buffer-size")
+    run.check_fits(args.buffer_size * args.num_envs * (2 * obs_dim + act_dim + 3) * 4, "--buffer-size")
 
     critic = partial(DistributionalQEnsemble, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms)
     actor = Actor(obs_dim, act_dim, args.actor_hidden_dim).to(device)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -125,10 +125,8 @@ def env_kind(env_id):
         known = "an envpool Atari game (Breakout-v5) or a gymnasium id (CartPole-v1)"
         fail(f"unknown env id '{env_id}': {known} ({error}){missing}")
     env.close()  # only its spaces are needed
-    if not isinstance(env.action_space, gym.spaces.Discrete):
-        fail(f"{env_id} has {env.action_space}: IMPALA here needs discrete actions (continuous ones: sac, td3, ppo)")
-    if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
-        fail(f"{env_id} has observations {env.observation_space}: give Atari games by their envpool id (Breakout-v5)")
+    hint = "give Atari games by their envpool id (Breakout-v5)"
+    check_spaces(env_id, env.action_space, gym.spaces.Discrete, env.observation_space, gym.spaces.Box, hint)
     return "classic"
 
 
@@ -729,7 +727,7 @@ if __name__ == "__main__":
     # a CNN: the usable cores less those of the actors beside it (on a cluster, Ray may place them anywhere); the small
     # MLPs of flat observations: one (waking threads costs them more than the math)
     threads = usable_cores() - (0 if args.ray_address else args.num_actors) if kind == "atari" else 1
-    tune_cpu(args.torch_threads, device, threads=threads, keep_freed_memory=True)
+    run.tune_cpu(threads=threads, keep_freed_memory=True)
     replay_generator = torch.Generator().manual_seed(args.seed)
 
     probe = make_envs(args.env_id, 1)

@@ -26,7 +26,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -252,7 +252,7 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // batch_size
     device = run.device
     # every usable core: the envs and the network take turns
-    tune_cpu(args.torch_threads, device, threads=usable_cores(), keep_freed_memory=True)
+    run.tune_cpu(threads=usable_cores(), keep_freed_memory=True)
 
     envs = make_envs(args.env_id, args.num_envs, seed=args.seed)
     num_actions = int(envs.action_space.n)

@@ -29,7 +29,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, Stopped, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, Stopped, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -350,7 +350,7 @@ if __name__ == "__main__":
         if backend == "nccl" and not gpu_each and args.world_size > 1:
             fail("--backend nccl needs a CUDA GPU for each process of a machine (processes sharing one use gloo)")
         threads = max(1, usable_cores() // local_world_size)  # a machine's processes share out its cores
-        tune_cpu(args.torch_threads, device, threads=threads, keep_freed_memory=True)
+        run.tune_cpu(threads=threads, keep_freed_memory=True)
 
         # seeded as one process with all envs would be (envpool: env i gets seed + i)
         envs = make_envs(args.env_id, args.local_num_envs, seed=args.seed + rank * args.local_num_envs, threads=threads)

@@ -20,7 +20,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -195,7 +195,7 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // batch_size
     device = run.device
     # one CPU thread: waking intra-op threads costs more than this MLP's math
-    tune_cpu(args.torch_threads, device, threads=1)
+    run.tune_cpu(threads=1)
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     obs_dim = envs.single_observation_space.shape[0]

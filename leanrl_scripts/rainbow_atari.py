@@ -29,7 +29,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, fail, game_mp4, stop_if_signalled, tune_cpu, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -443,11 +443,11 @@ if __name__ == "__main__":
         fail(f"the support needs --n-atoms of 2 or more (not {args.n_atoms}) and --v-min below --v-max")
     device = run.device
     # every usable core: envs and network take turns
-    tune_cpu(args.torch_threads, device, threads=usable_cores())
+    run.tune_cpu(threads=usable_cores())
 
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.env_backend)
     num_actions = int(getattr(envs, "single_action_space", envs.action_space).n)
-    check_fits(args.buffer_size * (84 * 84 + 22), device, "--buffer-size")  # bytes per transition
+    run.check_fits(args.buffer_size * (84 * 84 + 22), "--buffer-size")  # bytes per transition
     network = partial(RainbowNetwork, num_actions, args.n_atoms, args.noisy)
     q_network = network().to(device)
     target_network = network().to(device).requires_grad_(False)

@@ -2,7 +2,7 @@
 algorithm (networks, losses, env wrappers, replay). A script uses it in this order:
 
     run = Run(args, RANGES)  # check_flags: one line, exit code 2, for a value outside Ranges; seeds; the device
-    tune_cpu(args.torch_threads, run.device, threads=...)  # torch's CPU threads, before any tensor work
+    run.tune_cpu(threads=...)  # torch's CPU threads, before any tensor work
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the Checkpoint's contents
     run.start()  # the Sinks (the run folder, TensorBoard, W&B, the progress line), the SignalWatcher
     with run.stoppable():  # a Stopped (a signal at a safe point, a non-finite loss) ends the block
@@ -146,7 +146,7 @@ def check_spaces(env_id, actions, needs, observations=None, flat=None, hint="thi
         fail(f"{env_id} has observations {observations}: {hint}")
 
 
-def check_fits(num_bytes, device, flag):
+def _check_fits(num_bytes, device, flag):
     """A buffer larger than the device's memory fails now (exit code 2), not hours later as its pages fill."""
     cuda = device.type == "cuda"
     total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -190,7 +190,7 @@ def _idle_cores(seconds=0.2):  # the usable cores' idle shares over `seconds`, s
     return idle if quota is None else min(idle, quota)
 
 
-def tune_cpu(requested, device, threads, keep_freed_memory=False):
+def _tune_cpu(requested, device, threads, keep_freed_memory=False):
     """Sets torch's CPU threads once, before any tensor work, and returns them: --torch-threads, else OMP_NUM_THREADS,
     else one on CUDA (idle pool threads would compete with the envs), else `threads`: a count, or "idle", the cores
     at least 75% idle at start (a second thread buys small layers 1.2-1.5x on an idle machine and costs 3-4x beside
@@ -667,6 +667,14 @@ class Run:
         self.written = False  # summary.json: written once, by the run or by a stop at once
         self.writing = threading.Lock()
         self.show_held_warnings = _hold_warnings()
+
+    def tune_cpu(self, threads, keep_freed_memory=False):
+        """torch's CPU threads (_tune_cpu: --torch-threads, else one on CUDA, else `threads`), before tensor work."""
+        _tune_cpu(self.args.torch_threads, self.device, threads, keep_freed_memory)
+
+    def check_fits(self, num_bytes, flag, device=None):
+        """A buffer of `num_bytes` (`flag`'s) larger than the memory of `device`, the run's by default: exit code 2."""
+        _check_fits(num_bytes, device or self.device, flag)
 
     def save_and_load(self, states, **sizes):
         """Names what the checkpoint holds (Checkpoint); returns the one --load-model loaded, or None."""

@@ -21,7 +21,7 @@ import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_fits, check_spaces, fail, stop_if_signalled, tune_cpu
+from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -243,13 +243,13 @@ if __name__ == "__main__":
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
     # the cores idle at start: a second thread pays on an idle machine, not beside busy processes
-    tune_cpu(args.torch_threads, device, threads="idle")
+    run.tune_cpu(threads="idle")
 
     envs = make_envs(args.env_id, args.num_envs)
     envs.action_space.seed(args.seed)
     obs_dim = math.prod(envs.single_observation_space.shape)
     act_dim = math.prod(envs.single_action_space.shape)
-    check_fits(args.buffer_size * (2 * obs_dim + act_dim + 2) * 4, device, "--buffer-size")
+    run.check_fits(args.buffer_size * (2 * obs_dim + act_dim + 2) * 4, "--buffer-size")
 
     actor = Actor(obs_dim, envs.single_action_space).to(device)
     target_actor = Actor(obs_dim, envs.single_action_space).to(device).requires_grad_(False)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import run_bookkeeping as bookkeeping  # tune_cpu and the core counts
+import run_bookkeeping as bookkeeping  # Run.tune_cpu's rules (_tune_cpu) and the core counts
 from script_runs import ALL_SCRIPTS, SCRIPTS, run_script
 
 CNN_SCRIPTS = ["ppo_atari_envpool.py", "ppo_atari_envpool_async.py", "ppo_atari_lstm.py", "dqn_atari.py"]
@@ -29,10 +29,10 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs n
 
 
 def chosen(requested, device, threads):
-    """What tune_cpu sets torch to; this process's own thread count is put back."""
+    """What run.tune_cpu sets torch to; this process's own thread count is put back."""
     before = torch.get_num_threads()
     try:
-        return bookkeeping.tune_cpu(requested, device, threads)
+        return bookkeeping._tune_cpu(requested, device, threads)
     finally:
         torch.set_num_threads(before)
 
@@ -78,9 +78,9 @@ def test_each_script_asks_for_its_threads(script, names, expected, monkeypatch):
     (call,) = [
         node
         for node in ast.walk(ast.parse(main))
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tune_cpu"
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "run.tune_cpu"
     ]
-    assert [ast.unparse(arg) for arg in call.args] == ["args.torch_threads", "device"]
+    assert call.args == []
     keywords = {keyword.arg: keyword.value for keyword in call.keywords}
     if isinstance(keywords["threads"], ast.Name):  # a name the main block sets just before
         (keywords["threads"],) = [
@@ -131,13 +131,14 @@ def test_idle_threads_sleep_is_set_before_torch_loads_openmp(script):
 
 
 # Page faults in 25 forward and backward passes of a channels-last Nature CNN on 256 frames, in a fresh process after
-# 5 passes of warm-up, with glibc's default thresholds ("-") or those a script's tune_cpu() keeps freed memory with.
+# 5 passes of warm-up, with glibc's default thresholds ("-") or those run.tune_cpu() keeps freed memory with.
 COUNT_FAULTS = """
 import json, resource, sys, torch, torch.nn as nn
 sys.path.insert(0, sys.argv[1])
 from script_runs import load_script
 if sys.argv[2] != "-":
-    load_script(sys.argv[2]).tune_cpu(1, torch.device("cpu"), 1, keep_freed_memory=True)
+    load_script(sys.argv[2])
+    sys.modules["run_bookkeeping"]._tune_cpu(1, torch.device("cpu"), 1, keep_freed_memory=True)
 torch.set_num_threads(1)
 net = nn.Sequential(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                     nn.Conv2d(64, 64, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512))
@@ -185,7 +186,7 @@ def test_keeping_freed_memory_leaves_other_c_libraries_alone(monkeypatch):
     monkeypatch.setattr(bookkeeping.ctypes, "CDLL", no_glibc)
     before = torch.get_num_threads()
     try:
-        assert bookkeeping.tune_cpu(1, CPU, 1, keep_freed_memory=True) == 1
+        assert bookkeeping._tune_cpu(1, CPU, 1, keep_freed_memory=True) == 1
     finally:
         torch.set_num_threads(before)
 

@@ -293,7 +293,8 @@ def test_same_seed_gives_identical_runs(workdir):
         ("dqn_atari.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
         ("dqn_atari.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
         ("dqn_atari.py", ["--env-id", "Pendulum-v1"], "not an Atari game"),  # envpool has it, with continuous actions
-        ("dqn_atari_async.py", ["--env-id", "Pendulum-v1"], "DQN needs discrete actions"),
+        ("dqn_atari_async.py", ["--env-id", "Pendulum-v1"], "dqn_atari_async.py needs discrete actions"),
+        ("dqn_atari_async.py", ["--env-id", "FrozenLake-v1"], "observations Discrete(16): give Atari games by their"),
         ("dqn_atari_async.py", ["--env-id", "Foo-v5"], "unknown env id 'Foo-v5'"),
         ("dqn_atari_async.py", ["--env-id", "Foo-v5", "--env-backend", "gymnasium"], "unknown env id 'Foo-v5'"),
     ],

@@ -393,7 +393,8 @@ def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
         (["--env-id", "NoSuchGame-v5"], "unknown env id 'NoSuchGame-v5'"),
         (["--env-id", "tests.image_env:MovedAway-v0"], "moved to another package"),
         (["--env-id", "tests.image_env:Broken-v0"], "the ROM of this game is missing"),
-        (["--env-id", "Pendulum-v1"], "needs discrete actions"),
+        (["--env-id", "Pendulum-v1"], "impala_ray.py needs discrete actions"),
+        (["--env-id", "FrozenLake-v1"], "observations Discrete(16): give Atari games by their envpool id"),
         (["--env-id", "CartPole-v1", "--resnet"], "--resnet is for Atari images"),
         (["--env-id", "Breakout-v5", "--hide-obs", 1], "--hide-obs is for flat observations"),
         (

@@ -20,33 +20,34 @@ from code_tokens import code_tokens, prose_words
 from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 
 # Code tokens (tests/code_tokens.py: comments, docstrings and layout left out, so packing lines saves nothing), each
-# file at most what it holds now. The five scripts LeanRL also has sit at 1.06-1.45x LeanRL's compiled script of the
+# file at most what it holds now. The five scripts LeanRL also has sit at 1.05-1.43x LeanRL's compiled script of the
 # same name (SAC 2,414, TD3 2,201, PPO continuous 2,450, DQN 1,535, PPO Atari 2,606): they carry the one-line errors
 # (each flag's range among them), checkpoints, evaluation and the true Atari score that LeanRL's lack. The two PQN
-# scripts, which LeanRL lacks, sit at 1.28-1.29x CleanRL's of the same name (1,684 and 2,006), with the same additions.
+# scripts, which LeanRL lacks, sit at 1.25-1.27x CleanRL's of the same name (1,684 and 2,006), with the same additions.
 # The others carry what they exist to show: PPO-LSTM its padded replay, the async PPO its storage by env id, the multi-
 # process PPO its collectives, the Atari DQN the ALE back-end's wrappers, the async DQN its actor process and rate
 # limiter, IMPALA Ray and its actors, FastTD3 (in neither project) its distributional critics, normaliser, n-step
 # replay and the recipe's flags beside TD3's pieces. The module holds, besides, the stop at once on a second signal or
 # one in a blocked env call or a compile (a thread that watches the signals, the summary written from it, the
-# processes the run started killed).
+# processes the run started killed), and the run's own threads and memory check (Run.tune_cpu, Run.check_fits), which
+# the scripts called with the run's device and --torch-threads.
 MAX_TOKENS = {
-    "sac_continuous_action.py": 2883,
-    "td3_continuous_action.py": 2590,
-    "ppo_continuous_action.py": 3150,
-    "dqn.py": 2202,
-    "ppo_atari_envpool.py": 2752,
-    "ppo_atari_envpool_async.py": 2933,
-    "ppo_atari_lstm.py": 3875,
-    "ppo_atari_multigpu.py": 3714,
-    "dqn_atari.py": 3080,
-    "dqn_atari_async.py": 5166,
-    "impala_ray.py": 6731,
-    "pqn.py": 2139,
-    "pqn_atari_envpool.py": 2514,
-    "rainbow_atari.py": 4646,
-    "fast_td3.py": 3687,
-    MODULE: 5019,
+    "sac_continuous_action.py": 2875,
+    "td3_continuous_action.py": 2582,
+    "ppo_continuous_action.py": 3144,
+    "dqn.py": 2194,
+    "ppo_atari_envpool.py": 2746,
+    "ppo_atari_envpool_async.py": 2927,
+    "ppo_atari_lstm.py": 3869,
+    "ppo_atari_multigpu.py": 3708,
+    "dqn_atari.py": 3072,
+    "dqn_atari_async.py": 5142,
+    "impala_ray.py": 6707,
+    "pqn.py": 2133,
+    "pqn_atari_envpool.py": 2508,
+    "rainbow_atari.py": 4638,
+    "fast_td3.py": 3679,
+    MODULE: 5073,
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
@@ -80,16 +81,16 @@ PUBLIC = {
     "fail",
     "game_mp4",
     "stop_if_signalled",
-    "check_fits",
     "check_spaces",
-    "tune_cpu",
     "usable_cores",
 }
 
 
 # The parts that Run is made of, each owning one job; a script reaches them through its run.
 PARTS = {"check_flags", "Checkpoint", "Clock", "SilentSinks", "Sinks", "SignalWatcher"}
-RUN_MAX_CODE_LINES = 121  # the run object itself, its parts left out: lines of code (no docstring, comment or blank)
+# the run object itself, its parts left out: lines of code (no docstring, comment or blank); 4 of them hand the
+# threads and the memory check to _tune_cpu and _check_fits
+RUN_MAX_CODE_LINES = 125
 
 
 def source(name):
