@@ -53,9 +53,9 @@ def cnn_only():
 
 steps_of = {"cnn_only": cnn_only}
 for impl in ("padded", "loop"):
-    loss_fn = partial(script.ppo_loss, agent=agent, args=script.Args(lstm_impl=impl))
+    settings = script.Args(lstm_impl=impl, max_grad_norm=0.5)
     steps_of[impl] = partial(
-        script.update, minibatch, loss_fn=loss_fn, agent=agent, optimizer=optimizer, max_grad_norm=0.5
+        script.update, minibatch, loss_fn=script.ppo_loss, agent=agent, optimizer=optimizer, args=settings
     )
 times = {name: [] for name in steps_of}
 for _ in range(args.repeats + 1):  # the first round warms up, left out below

@@ -86,8 +86,7 @@ def compare(name, threads, rows, envs):
     actions, returns = torch.randint(0, 2, (rows,)), torch.randn(rows)
     optimizer = torch.optim.RAdam(ours.parameters(), lr=torch.tensor(2.5e-4))
     their_optimizer = torch.optim.RAdam(theirs.parameters(), lr=2.5e-4)
-    loss_fn = partial(script.td_loss, q_network=ours)
-    update = partial(script.update, loss_fn=loss_fn, q_network=ours, optimizer=optimizer, max_grad_norm=10.0)
+    update = partial(script.update, loss_fn=script.td_loss, q_network=ours, optimizer=optimizer, max_grad_norm=10.0)
     batch = script.Batch(obs.contiguous(memory_format=torch.channels_last) if atari else obs, actions, returns)
     stored = obs.float() if atari else obs  # CleanRL's rollout stores the frames as floats
     game = "Breakout" if atari else "CartPole"

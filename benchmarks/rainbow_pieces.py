@@ -101,14 +101,23 @@ if __name__ == "__main__":
     lr = torch.tensor(1e-4)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=lr, eps=1.5e-4, fused=True)
     dqn_optimizer = torch.optim.Adam(dqn_network.parameters(), lr=lr, fused=True)
-    loss = partial(rainbow.rainbow_loss, q_network=q_network, target_network=target, support=support)
-    update = partial(rainbow.update, sample_fn=partial(rb.sample, 32), loss_fn=loss, optimizer=optimizer, replay=rb)
-    dqn_loss = partial(dqn.td_loss, q_network=dqn_network, target_network=dqn_target, gamma=0.99)
+    update = partial(
+        rainbow.update,
+        sample_fn=rb.sample,
+        batch_size=32,
+        loss_fn=rainbow.rainbow_loss,
+        optimizer=optimizer,
+        replay=rb,
+        q_network=q_network,
+        target_network=target,
+        support=support,
+    )
+    dqn_nets = dict(q_network=dqn_network, target_network=dqn_target, gamma=0.99)
     beta = torch.tensor(0.5)
     report(
         "an update",
         partial(update, beta),
-        lambda: dqn.update(*dqn_rb.sample(steps + 10, 32), loss_fn=dqn_loss, optimizer=dqn_optimizer),
+        lambda: dqn.update(*dqn_rb.sample(steps + 10, 32), loss_fn=dqn.td_loss, optimizer=dqn_optimizer, **dqn_nets),
         10,
     )
     report("Adam's step alone", optimizer.step, dqn_optimizer.step, 20)
