@@ -394,4 +394,4 @@ if __name__ == "__main__":
         "replay_ratio_target": args.batch_size / args.train_frequency,
         "replay_ratio_achieved": num_updates * args.batch_size / max(1, global_step - args.learning_starts),
     }
-    sys.exit(run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, q_view, args, device, run.video_folder), summary))

@@ -34,7 +34,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
+from run_bookkeeping import Ranges, Run, RunArgs, Stopped, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -620,8 +620,8 @@ if __name__ == "__main__":
     run.start()
     actor = ActorProcess(ctx, args, rb, limiter, q_network, device)
     sampled = rb.mirror(device) if device.type == "cuda" else rb
-    try:
-        with run.stoppable():
+    with run.stoppable():
+        try:
             while num_updates < total_updates:
                 stop_if_signalled()
                 wait_start = time.perf_counter()
@@ -648,16 +648,13 @@ if __name__ == "__main__":
                     step = limiter.inserts
                     replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
                     run.log(step, metrics, charts=dict(epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now))
-            actor.stop(run, timeout=60)
-    except ChildProcessError:
-        actor.stop(run)
-        print(f"error: the actor process died ({actor.failure()}); the learner stops", file=sys.stderr)
-        sys.exit(1)
-    actor.stop(run)
+        except ChildProcessError:
+            raise Stopped(f"the actor process died ({actor.failure()}); the learner stops", 1) from None
+    actor.stop(run, timeout=60)
     run.end_training(limiter.inserts, metrics)
 
     summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates}
     summary["compiled_pieces"] = ["td_loss"] if args.compile else []
     summary.update(learner_wait_seconds=wait_seconds, replay_ratio_target=float(replay_ratio))
     summary["replay_ratio_achieved"] = num_updates * args.batch_size / max(1, limiter.inserts - args.learning_starts)
-    sys.exit(run.evaluate_and_write(partial(evaluate, q_network, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, q_network, args, device, run.video_folder), summary))

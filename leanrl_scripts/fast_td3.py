@@ -469,4 +469,4 @@ if __name__ == "__main__":
         "compiled_pieces": ["actor_loss", "critic_loss", "policy"] if args.compile else [],
     }
     evaluation = partial(evaluate, actor_view, normalizer, args, device, run.video_folder)
-    sys.exit(run.evaluate_and_write(evaluation, summary))
+    sys.exit(run.write_and_evaluate(evaluation, summary))

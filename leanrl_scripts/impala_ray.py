@@ -840,4 +840,4 @@ if __name__ == "__main__":
     summary.update(unrolls_lost=actor_pool.unrolls_lost, actor_nodes=dict(Counter(actor_pool.nodes)))
     summary["lstm_padding"] = padded_core_steps / core_steps if core_steps else None
     summary["compiled_pieces"] = ["impala_loss"] if args.compile else []
-    sys.exit(run.evaluate_and_write(partial(evaluate, agent, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, agent, args, device, run.video_folder), summary))

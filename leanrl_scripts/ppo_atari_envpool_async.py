@@ -372,4 +372,4 @@ if __name__ == "__main__":
     envs.close()
 
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
-    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, agent_view, args, device, run.video_folder), summary))

@@ -440,4 +440,4 @@ if __name__ == "__main__":
     summary = dict(lstm_impl=args.lstm_impl, padded_steps=padded_steps, real_steps=real_steps, num_updates=num_updates)
     summary.update(update_shapes=len(update_steps))
     summary["compiled_pieces"] = pieces if args.compile else []
-    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, agent_view, args, device, run.video_folder), summary))

@@ -469,4 +469,4 @@ if __name__ == "__main__":
     summary = {"world_size": args.world_size, "local_num_envs": args.local_num_envs, "num_updates": num_updates}
     summary["backend"] = backend if args.world_size > 1 else None
     summary["compiled_pieces"] = ["gae", "policy", "ppo_loss"] if args.compile else []
-    sys.exit(run.evaluate_and_write(partial(evaluate, agent_view, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, agent_view, args, device, run.video_folder), summary))

@@ -412,4 +412,4 @@ if __name__ == "__main__":
     obs_stats = normalizers[0].obs_rms
     evaluation = partial(evaluate, agent_view, obs_stats, args, device, run.video_folder)
     summary = {"num_updates": num_updates, "compiled_pieces": ["gae", "policy", "ppo_loss"] if args.compile else []}
-    sys.exit(run.evaluate_and_write(evaluation, summary))
+    sys.exit(run.write_and_evaluate(evaluation, summary))

@@ -284,4 +284,4 @@ if __name__ == "__main__":
         "num_updates": num_updates,
         "compiled_pieces": ["policy", "q_lambda_returns", "td_loss"] if args.compile else [],
     }
-    sys.exit(run.evaluate_and_write(partial(evaluate, q_view, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, q_view, args, device, run.video_folder), summary))

@@ -13,12 +13,13 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
             run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
             run.log(step, metrics, charts=dict(learning_rate=lr))  # losses/ and charts/ in TensorBoard
     run.end_training(step, metrics)
-    sys.exit(run.evaluate_and_write(evaluate, summary))  # summary.json, model.pt, the SPEED line; the exit code
+    sys.exit(run.write_and_evaluate(evaluate, summary))  # summary.json and model.pt, then the evaluation; the exit code
 
 Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock,
 SilentSinks and Sinks, SignalWatcher.
 
-Exit codes: 2 bad input, before any work; 1 a non-finite value (no model saved); 128 + the signal after Ctrl-C
+Exit codes: 2 bad input, before any work; 1 a non-finite value or an exception in the training (no model saved: it
+may be half updated) or in the evaluation (the training's summary and model kept); 128 + the signal after Ctrl-C
 (130) or SIGTERM (143), the summary of the steps done written in every case."""
 
 import ctypes
@@ -32,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import deque
 from contextlib import contextmanager
@@ -298,9 +300,11 @@ def _run_folder(args, mode):  # runs/<env>__<script>__<seed>__<mode>__<time>, ma
     return next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
 
 
-def _write_summary(folder, record):  # summary.json, then its line of figures and the SPEED line
+def _write_summary(folder, record, announce=True):  # summary.json, then its line of figures and the SPEED line
     record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
     _write_atomic(os.path.join(folder, "summary.json"), json.dumps(record, indent=1).encode())
+    if not announce:
+        return
     evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"
     print(f"{record['steps_done']} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {folder}")
     print("SPEED " + json.dumps(record), flush=True)
@@ -664,7 +668,7 @@ class Run:
         self.watcher = SignalWatcher(compiles=args.compile)
         self.stopped = None  # the Stopped that ended the run
         self.final_metrics = {}
-        self.written = False  # summary.json: written once, by the run or by a stop at once
+        self.written = False  # summary.json of the training: by the run as it ends, or by a stop at once
         self.writing = threading.Lock()
         self.show_held_warnings = _hold_warnings()
 
@@ -727,12 +731,17 @@ class Run:
         self.sinks.log(step, losses, charts)
 
     @contextmanager
-    def stoppable(self):
-        """The `with` block ends at the first Stopped, which the run keeps as its reason."""
+    def stoppable(self, part="the training", kept="the summary of the steps done"):
+        """The `with` block ends at the first Stopped, which the run keeps as its reason. Any other exception (a bug
+        in a changed script, an env that crashes) prints its traceback and stops the run as failed, `kept` kept."""
         try:
             yield
         except Stopped as stop:
             self.stopped = self.stopped or stop
+        except Exception as error:
+            traceback.print_exc()
+            failed = f"{part} raised {type(error).__name__} (the traceback above); {kept} is in {self.dir}"
+            self.stopped = self.stopped or Stopped(failed, 1, keep_model=False)  # its update may be half done
 
     def end_training(self, step, losses):
         """Stops the clock at `step`; the last losses are logged through the non-finite check."""
@@ -752,21 +761,25 @@ class Run:
         """0, or the exit code of the stop that ended the training (1: a failure, such as a diverged loss)."""
         return self.stopped.exit_code if self.stopped else 0
 
-    def evaluate_and_write(self, evaluate, summary):
-        """Unless the run was stopped, `evaluate()` (a list of returns); then summary.json with the script's `summary`
-        keys added, model.pt with --save-model (not a diverged one), the last two lines, and W&B's end. Returns the
-        exit code for the script to exit with: 0, or the stop's."""
-        eval_returns = []
-        if self.args.eval_episodes > 0 and not self.stopped:
-            with self.stoppable():
-                eval_returns = evaluate()
-                self.sinks.evaluation(self.clock.steps_done, eval_returns)
+    def write_and_evaluate(self, evaluate, summary):
+        """summary.json, with the script's `summary` keys added, and model.pt with --save-model (not a diverged one) as
+        the training left them; then, unless the run was stopped, `evaluate()` (a list of returns), whose returns the
+        summary gains. An exception in the evaluation keeps both files, prints its traceback and fails the run. Then
+        the last two lines and W&B's end. Returns the exit code for the script to exit with: 0, or the stop's."""
         with self.writing:  # a second signal now waits for the files, about a second, then stops the run
-            self.sinks.close()
-            _write_summary(self.dir, {**self._summary(eval_returns), **summary})
-            self.written = True
+            self.sinks.flush()
+            _write_summary(self.dir, {**self._summary(), **summary}, announce=False)
             if self.args.save_model and (self.stopped is None or self.stopped.keep_model):  # also after a stop
                 self.checkpoint.save(os.path.join(self.dir, "model.pt"), self.args)
+            self.written = True
+        eval_returns = []
+        if self.args.eval_episodes > 0 and not self.stopped:
+            with self.stoppable("the evaluation", kept="the training's summary (and model, with --save-model)"):
+                eval_returns = evaluate()
+                self.sinks.evaluation(self.clock.steps_done, eval_returns)
+        with self.writing:
+            self.sinks.close()
+            _write_summary(self.dir, {**self._summary(eval_returns), **summary})
         if self.args.track:
             self.watcher.enter("W&B's upload")
             self.sinks.finish_wandb(self.exit_code(), self.video_folder)
@@ -782,7 +795,7 @@ class Run:
         self.stopped = Stopped(f"stopped by {signal.Signals(signum).name}{where}", 128 + signum)
         with self.writing:
             if self.sinks.writes and not self.written:
-                if self.clock.steps_done is None:  # a stop during the evaluation keeps the training's clock
+                if self.clock.steps_done is None:  # a stop after the training's end keeps its clock
                     self.clock.stop(self.sinks.last_step)
                 self.sinks.flush()
                 _write_summary(self.dir, self._summary())

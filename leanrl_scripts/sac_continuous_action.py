@@ -359,4 +359,4 @@ if __name__ == "__main__":
 
     pieces = ["actor_loss", "critic_loss", "policy"]
     summary = {"num_updates": num_updates, "alpha": alpha.item(), "compiled_pieces": pieces if args.compile else []}
-    sys.exit(run.evaluate_and_write(partial(evaluate, actor_view, args, device, run.video_folder), summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, actor_view, args, device, run.video_folder), summary))

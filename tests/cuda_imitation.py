@@ -126,13 +126,13 @@ if __name__ == "__main__":
             return real_start(run, *args, **kwargs)
 
         run_bookkeeping.Run.start = start_and_note
-        real_end = run_bookkeeping.Run.evaluate_and_write
+        real_end = run_bookkeeping.Run.write_and_evaluate
 
         def end_and_note(run, *args, **kwargs):  # the script's names as it ends: it exits with the code this returns
             namespace.update(sys.modules["__main__"].__dict__)
             return real_end(run, *args, **kwargs)
 
-        run_bookkeeping.Run.evaluate_and_write = end_and_note
+        run_bookkeeping.Run.write_and_evaluate = end_and_note
     namespace = {}
     code = 0
     try:

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,6 +188,62 @@ def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, 
     assert summary["steps_done"] < 20_000 and summary["eval_returns"] == []
     assert not os.path.exists(os.path.join(run_dir, "model.pt"))  # a diverged model is not kept
     assert proc.stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+
+
+def broken_copy(script, name, folder):
+    """`script` and the module copied into `folder`, as a user copies them, with the function `name` replaced by one
+    that raises: a researcher's change with a bug in it."""
+    with open(os.path.join(SCRIPTS, script)) as f:
+        source = f.read()
+    broken = f"def {name}(*args, **kwargs):\n    raise ValueError('a bug in the changed {name}')\n\n\n"
+    main = 'if __name__ == "__main__":'
+    assert main in source
+    with open(os.path.join(folder, script), "w") as f:
+        f.write(source.replace(main, broken + main))
+    shutil.copy(os.path.join(SCRIPTS, "run_bookkeeping.py"), folder)
+    return os.path.join(folder, script)
+
+
+@pytest.mark.parametrize("script", ["dqn.py", "sac_continuous_action.py"])
+def test_an_exception_in_the_evaluation_keeps_the_trained_run(script, workdir):
+    """The summary and the model are written as the training ends; the evaluation's exception (its traceback
+    printed) fails the run without taking them."""
+    copied = broken_copy(script, "evaluate", workdir)
+    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 2]
+    _, proc = run_script(copied, args, workdir, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" in proc.stderr and "ValueError: a bug in the changed evaluate" in proc.stderr
+    (line,) = error_lines(proc.stderr)
+    run_dir = only_run_dir(workdir)
+    assert line == (
+        f"error: the evaluation raised ValueError (the traceback above); the training's summary (and model, with "
+        f"--save-model) is in {os.path.relpath(run_dir, workdir)}"
+    )
+    summary = strict_json(os.path.join(run_dir, "summary.json"))
+    assert summary["steps_done"] == summary["total_timesteps"] and summary["num_updates"] > 0
+    assert summary["eval_returns"] == [] and summary["stopped"] == line[len("error: ") :]
+    assert proc.stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+    trained = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
+    assert trained["env_id"] == summary["env_id"]
+
+
+@pytest.mark.parametrize("script, loss", [("dqn.py", "td_loss"), ("sac_continuous_action.py", "critic_loss")])
+def test_an_exception_in_the_training_keeps_the_summary_of_the_steps_done(script, loss, workdir):
+    copied = broken_copy(script, loss, workdir)
+    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 2]
+    _, proc = run_script(copied, args, workdir, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" in proc.stderr and f"ValueError: a bug in the changed {loss}" in proc.stderr
+    (line,) = error_lines(proc.stderr)
+    run_dir = only_run_dir(workdir)
+    assert line == (
+        f"error: the training raised ValueError (the traceback above); the summary of the steps done is in "
+        f"{os.path.relpath(run_dir, workdir)}"
+    )
+    summary = strict_json(os.path.join(run_dir, "summary.json"))
+    assert 0 < summary["steps_done"] < summary["total_timesteps"] and summary["eval_returns"] == []
+    assert summary["stopped"] == line[len("error: ") :]
+    assert not os.path.exists(os.path.join(run_dir, "model.pt"))  # its update may have been half done
 
 
 # Each script with one of the two signals, in turn; both for the scripts with processes of their own (the async DQN's
