@@ -20,7 +20,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
+from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -29,41 +29,33 @@ class Args(RunArgs):
     """the id of the gymnasium environment (discrete actions, flat observations)"""
     total_timesteps: int = 500_000
     """total environment steps (0 only with --load-model: evaluate it)"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Flag.Positive = 2.5e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 1
+    num_envs: Flag.Count = 1
     """the number of parallel environments"""
-    buffer_size: int = 10_000
+    buffer_size: Flag.Count = 10_000
     """the replay memory buffer size (transitions)"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    tau: float = 1.0
+    tau: Flag.PositiveFraction = 1.0
     """the target network update rate (1.0: a hard copy)"""
-    target_network_frequency: int = 500
+    target_network_frequency: Flag.Count = 500
     """environment steps between target network updates"""
-    batch_size: int = 128
+    batch_size: Flag.Count = 128
     """the batch size of samples from the replay memory"""
-    start_e: float = 1.0
+    start_e: Flag.Fraction = 1.0
     """the starting epsilon for exploration"""
-    end_e: float = 0.05
+    end_e: Flag.Fraction = 0.05
     """the ending epsilon for exploration"""
-    exploration_fraction: float = 0.5
+    exploration_fraction: Flag.PositiveFraction = 0.5
     """the fraction of `total_timesteps` it takes from start_e to end_e"""
-    learning_starts: int = 10_000
+    learning_starts: Flag.BeforeTheEnd = 10_000
     """environment steps before learning starts"""
-    train_frequency: int = 10
+    train_frequency: Flag.Count = 10
     """the frequency of training (environment steps per update)"""
-    measure_burnin: int = 50
+    measure_burnin: Flag.CountFrom0 = 50
     """updates the speed figure leaves out (compilation, graph capture)"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency"),
-    rates=("learning_rate", "tau", "exploration_fraction"),
-    fractions=("gamma", "tau", "exploration_fraction", "start_e", "end_e"),
-    at_least_0=("measure_burnin",),
-    before_the_end=("learning_starts",),
-)
 
 LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
@@ -200,7 +192,7 @@ def evaluate(q_network, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.learning_starts < args.batch_size:

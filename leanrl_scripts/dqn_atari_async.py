@@ -34,7 +34,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, Stopped, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
+from run_bookkeeping import Flag, Run, RunArgs, Stopped, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -45,45 +45,37 @@ class Args(RunArgs):
     """Atari: envpool, or gymnasium (ALE with this script's wrappers)"""
     total_timesteps: int = 10_000_000
     """total environment steps (0 with --load-model: evaluate only)"""
-    learning_rate: float = 1e-4
+    learning_rate: Flag.Positive = 1e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 1
+    num_envs: Flag.Count = 1
     """the number of parallel environments"""
-    buffer_size: int = 1_000_000
+    buffer_size: Flag.Count = 1_000_000
     """the replay memory buffer size (transitions)"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    tau: float = 1.0
+    tau: Flag.PositiveFraction = 1.0
     """the target network update rate (1.0: a hard copy)"""
-    target_network_frequency: int = 1000
+    target_network_frequency: Flag.Count = 1000
     """environment steps between target network updates"""
-    batch_size: int = 32
+    batch_size: Flag.Count = 32
     """the batch size of samples from the replay memory"""
-    start_e: float = 1.0
+    start_e: Flag.Fraction = 1.0
     """the starting epsilon for exploration"""
-    end_e: float = 0.01
+    end_e: Flag.Fraction = 0.01
     """the ending epsilon for exploration"""
-    exploration_fraction: float = 0.10
+    exploration_fraction: Flag.PositiveFraction = 0.10
     """the fraction of `total_timesteps` it takes from start_e to end_e"""
-    learning_starts: int = 80_000
+    learning_starts: Flag.BeforeTheEnd = 80_000
     """environment steps before learning starts"""
-    train_frequency: int = 4
+    train_frequency: Flag.Count = 4
     """the frequency of training (environment steps per update)"""
-    actor_sync_every: int = 10
+    actor_sync_every: Flag.Count = 10
     """updates between copies of the learner's weights to the actor"""
-    replay_tolerance: float = 0.1
+    replay_tolerance: Flag.Positive = 0.1
     """the replay ratio's band, a fraction of learning_starts x ratio samples"""
-    measure_burnin: int = 50
+    measure_burnin: Flag.CountFrom0 = 50
     """updates the speed figure leaves out (compilation, graph capture)"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "actor_sync_every"),
-    rates=("learning_rate", "tau", "exploration_fraction", "replay_tolerance"),
-    fractions=("gamma", "tau", "exploration_fraction", "start_e", "end_e"),
-    at_least_0=("measure_burnin",),
-    before_the_end=("learning_starts",),
-)
 
 LOG_EVERY = 100  # updates between metric reads (a host sync each)
 
@@ -563,7 +555,7 @@ def evaluate(q_network, args, device, video_folder=None):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     if args.learning_starts < args.batch_size:

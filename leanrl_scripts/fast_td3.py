@@ -21,7 +21,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
+from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -30,47 +30,47 @@ class Args(RunArgs):
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 19_200_000
     """total environment steps, all envs together (FastTD3's 150,000 steps of 128 envs)"""
-    num_envs: int = 128
+    num_envs: Flag.Count = 128
     """the number of parallel environments"""
-    buffer_size: int = 51_200
+    buffer_size: Flag.Count = 51_200
     """the steps of each env the replay keeps (it holds num_envs times as many transitions)"""
-    batch_size: int = 32_768
+    batch_size: Flag.Count = 32_768
     """the transitions of one update, all envs together"""
-    num_updates: int = 2
+    num_updates: Flag.Count = 2
     """critic updates per step of the envs"""
-    num_steps: int = 1
+    num_steps: Flag.Count = 1
     """n of the n-step returns"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    tau: float = 0.1
+    tau: Flag.PositiveFraction = 0.1
     """target smoothing coefficient, after every critic update"""
-    learning_starts: int = 1_280
+    learning_starts: Flag.BeforeTheEnd = 1_280
     """environment steps before learning starts (FastTD3's 10 steps of its 128 envs)"""
-    critic_learning_rate: float = 3e-4
+    critic_learning_rate: Flag.Positive = 3e-4
     """the critics' learning rate"""
-    actor_learning_rate: float = 3e-4
+    actor_learning_rate: Flag.Positive = 3e-4
     """the actor's learning rate"""
-    weight_decay: float = 0.1
+    weight_decay: Flag.AtLeast0 = 0.1
     """AdamW's weight decay, both networks"""
-    policy_frequency: int = 2
+    policy_frequency: Flag.Count = 2
     """critic updates per actor update"""
-    policy_noise: float = 0.001
+    policy_noise: Flag.AtLeast0 = 0.001
     """the scale of the target policy smoothing noise"""
-    noise_clip: float = 0.5
+    noise_clip: Flag.AtLeast0 = 0.5
     """the target policy smoothing noise is clipped to this"""
-    std_min: float = 0.001
+    std_min: Flag.AtLeast0 = 0.001
     """the lowest exploration noise scale an env draws"""
-    std_max: float = 0.4
+    std_max: Flag.AtLeast0 = 0.4
     """the highest exploration noise scale an env draws"""
-    num_atoms: int = 101
+    num_atoms: Flag.Count = 101
     """the atoms of the critics' value distributions"""
     v_min: float = -1000.0
     """the lowest value of the atoms"""
     v_max: float = 1000.0
     """the highest value of the atoms"""
-    critic_hidden_dim: int = 1024
+    critic_hidden_dim: Flag.Count = 1024
     """the width of the critics' first layer (then half, then a quarter)"""
-    actor_hidden_dim: int = 512
+    actor_hidden_dim: Flag.Count = 512
     """the width of the actor's first layer (then half, then a quarter)"""
     use_cdq: bool = True
     """clipped double Q: the target and the actor take the critic of the lower value"""
@@ -78,18 +78,9 @@ class Args(RunArgs):
     """normalise observations by their running mean and std"""
     amp: bool = True
     """bf16 autocast of the updates (on CUDA; a CPU runs float32)"""
-    measure_burnin: int = 3
+    measure_burnin: Flag.CountFrom0 = 3
     """critic updates the speed figure leaves out (compilation, graph capture)"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "buffer_size", "batch_size", "num_updates", "num_steps", "policy_frequency", "num_atoms")
-    + ("critic_hidden_dim", "actor_hidden_dim"),
-    rates=("critic_learning_rate", "actor_learning_rate", "tau"),
-    fractions=("gamma", "tau"),
-    at_least_0=("weight_decay", "policy_noise", "noise_clip", "std_min", "std_max", "measure_burnin"),
-    before_the_end=("learning_starts",),
-)
 
 LOG_EVERY = 100  # iterations between metric reads (a host sync each)
 
@@ -346,7 +337,7 @@ def evaluate(actor, normalizer, args, device, video_folder):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.std_min > args.std_max:
         fail(f"--std-min {args.std_min} must be at most --std-max {args.std_max}")
     if not args.v_min < args.v_max:

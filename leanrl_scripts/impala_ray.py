@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import tyro
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
+from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -48,15 +48,15 @@ class Args(RunArgs):
     """fresh environment steps the learner trains on, all actors together (0 only with --load-model: evaluate it)"""
     ray_address: str = ""
     """empty: start a local Ray instance; "auto": join the cluster this machine is part of; or host:port"""
-    num_actors: int = 2
+    num_actors: Flag.Count = 2
     """the number of Ray actors"""
-    envs_per_actor: int = 8
+    envs_per_actor: Flag.Count = 8
     """the environments each actor steps as one batch"""
-    unroll_length: int = 20
+    unroll_length: Flag.Count = 20
     """steps per unroll (each unroll also carries the observation after its last step)"""
-    batch_size: int = 32
+    batch_size: Flag.Count = 32
     """unrolls (one env's trajectory each) per learner update, replayed ones included"""
-    broadcast_every: int = 1
+    broadcast_every: Flag.Count = 1
     """publish the learner's weights to the actors every this many updates"""
     resnet: bool = False
     """Atari: IMPALA's 15-layer residual network instead of the Nature CNN"""
@@ -65,11 +65,11 @@ class Args(RunArgs):
     hide_obs: tuple[int, ...] = ()
     """flat observations: entries the agent sees as zeros, a task that needs memory (CartPole-v1 --hide-obs 1 3
     hides both velocities: only --lstm learns it)"""
-    learning_rate: float = 6e-4
+    learning_rate: Flag.Positive = 6e-4
     """the learning rate of Adam"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
     norm_adv: bool = True
     """normalize the policy-gradient advantages over each batch (PPO's trick, not the paper's: on CartPole it turned
@@ -78,35 +78,26 @@ class Args(RunArgs):
     """flat observations: divide the rewards by a running std of the discounted return (Atari's are clipped to their
     sign instead). On CartPole the value targets then stay near 3, not 100: unscaled, runs that rose above 300 often
     fell back to 150-250 within a million steps"""
-    ent_coef: float = 0.01
+    ent_coef: Flag.AtLeast0 = 0.01
     """coefficient of the entropy bonus"""
-    vf_coef: float = 0.5
+    vf_coef: Flag.AtLeast0 = 0.5
     """coefficient of the value loss"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Flag.Positive = 0.5
     """the maximum norm for the gradient clipping"""
-    rho_clip: float = 1.0
+    rho_clip: Flag.Positive = 1.0
     """V-trace: clip of the importance weights in the value targets (rho bar)"""
-    pg_rho_clip: float = 1.0
+    pg_rho_clip: Flag.Positive = 1.0
     """V-trace: clip of the importance weights in the policy gradient"""
-    c_clip: float = 1.0
+    c_clip: Flag.Positive = 1.0
     """V-trace: clip of the trace-cutting coefficients (c bar)"""
     replay_ratio: float = 0.0
     """LASER: the fraction of each batch replayed from recent unrolls (0: no replay, on-policy IMPALA)"""
-    trust_region: float = 0.02
+    trust_region: Flag.AtLeast0 = 0.02
     """LASER: an unroll whose behaviour policy is further than this mean KL from the current one: no policy gradient"""
-    replay_size: int = 1000
+    replay_size: Flag.Count = 1000
     """LASER: how many of the most recent unrolls the replay keeps (on the learner's device)"""
-    measure_burnin: int = 3
+    measure_burnin: Flag.CountFrom0 = 3
     """learner updates that the speed figure leaves out (actor start-up, compilation, graph capture)"""
-
-
-# The values each flag may take: anything else is one error line before any work (run_bookkeeping.Ranges)
-RANGES = Ranges(
-    counts=("num_actors", "envs_per_actor", "unroll_length", "batch_size", "broadcast_every", "replay_size"),
-    rates=("learning_rate", "max_grad_norm", "rho_clip", "pg_rho_clip", "c_clip"),
-    fractions=("gamma",),
-    at_least_0=("ent_coef", "vf_coef", "trust_region", "measure_burnin"),
-)
 
 
 def env_kind(env_id):
@@ -710,7 +701,7 @@ if __name__ == "__main__":
         fail('Ray is not installed: pip install ".[ray]"')
     if args.ray_address:
         watch_driver(args.ray_address)
-    run = Run(args, RANGES)
+    run = Run(args)
     if not 0.0 <= args.replay_ratio < 1.0:
         fail(f"--replay-ratio {args.replay_ratio} must be in [0, 1): the fraction of each batch that is replayed")
     num_replayed = round(args.batch_size * args.replay_ratio)

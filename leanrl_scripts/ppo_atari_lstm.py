@@ -28,7 +28,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
+from run_bookkeeping import Flag, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -37,48 +37,40 @@ class Args(RunArgs):
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
     """total environment steps (0 with --load-model: evaluate only)"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Flag.Positive = 2.5e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 8
+    num_envs: Flag.Count = 8
     """the number of parallel environments"""
-    num_steps: int = 128
+    num_steps: Flag.Count = 128
     """the steps per env per rollout"""
     lstm_impl: Literal["padded", "loop"] = "padded"
     """padded: one LSTM call per minibatch; loop: one per step"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    gae_lambda: float = 0.95
+    gae_lambda: Flag.Fraction = 0.95
     """the lambda for the general advantage estimation"""
-    num_minibatches: int = 4
+    num_minibatches: Flag.Count = 4
     """the number of mini-batches (of whole env rows)"""
-    update_epochs: int = 4
+    update_epochs: Flag.Count = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
     """normalize the advantages"""
-    clip_coef: float = 0.1
+    clip_coef: Flag.Positive = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
     """clip the value loss"""
-    ent_coef: float = 0.01
+    ent_coef: Flag.AtLeast0 = 0.01
     """coefficient of the entropy"""
-    vf_coef: float = 0.5
+    vf_coef: Flag.AtLeast0 = 0.5
     """coefficient of the value function"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Flag.Positive = 0.5
     """the maximum norm for the gradient clipping"""
-    target_kl: float | None = None
+    target_kl: Flag.AtLeast0 | None = None
     """the target KL divergence (None: off)"""
-    measure_burnin: int = 1
+    measure_burnin: Flag.CountFrom0 = 1
     """iterations left out of the speed figure"""
-
-
-RANGES = Ranges(
-    counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm"),
-    fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
-)
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
@@ -305,7 +297,7 @@ if __name__ == "__main__":
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.num_envs % args.num_minibatches:
         rows = f"--num-envs {args.num_envs}: minibatches are whole env rows"
         fail(f"--num-minibatches {args.num_minibatches} must divide {rows}")

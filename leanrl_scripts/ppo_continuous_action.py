@@ -20,7 +20,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
+from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -29,46 +29,39 @@ class Args(RunArgs):
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 1_000_000
     """total environment steps, all envs together (0 only with --load-model: evaluate it)"""
-    learning_rate: float = 3e-4
+    learning_rate: Flag.Positive = 3e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 1
+    num_envs: Flag.Count = 1
     """the number of parallel environments"""
-    num_steps: int = 2048
+    num_steps: Flag.Count = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    gae_lambda: float = 0.95
+    gae_lambda: Flag.Fraction = 0.95
     """the lambda for the general advantage estimation"""
-    num_minibatches: int = 32
+    num_minibatches: Flag.Count = 32
     """the number of mini-batches"""
-    update_epochs: int = 10
+    update_epochs: Flag.Count = 10
     """the K epochs to update the policy"""
     norm_adv: bool = True
     """normalize the advantages (per minibatch)"""
-    clip_coef: float = 0.2
+    clip_coef: Flag.Positive = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
     """use a clipped loss for the value function, as in the paper"""
-    ent_coef: float = 0.0
+    ent_coef: Flag.AtLeast0 = 0.0
     """coefficient of the entropy"""
-    vf_coef: float = 0.5
+    vf_coef: Flag.AtLeast0 = 0.5
     """coefficient of the value function"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Flag.Positive = 0.5
     """the maximum norm for the gradient clipping"""
-    target_kl: float | None = None
+    target_kl: Flag.AtLeast0 | None = None
     """the target KL: an iteration's epochs stop above it (None: never)"""
-    measure_burnin: int = 1
+    measure_burnin: Flag.CountFrom0 = 1
     """iterations the speed figure leaves out (compilation, graph capture)"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "clip_coef", "max_grad_norm"),
-    fractions=("gamma", "gae_lambda"),
-    at_least_0=("ent_coef", "vf_coef", "target_kl", "measure_burnin"),
-)
 
 LOG_STD_NORMAL = 0.5 * math.log(2 * math.pi)
 
@@ -311,7 +304,7 @@ def evaluate(agent, obs_stats, args, device, video_folder):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, RANGES)
+    run = Run(args)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")

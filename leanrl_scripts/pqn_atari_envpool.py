@@ -27,7 +27,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
+from run_bookkeeping import Flag, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -36,40 +36,32 @@ class Args(RunArgs):
     """the id of the envpool Atari game"""
     total_timesteps: int = 10_000_000
     """total env steps (0 with --load-model: only evaluate)"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Flag.Positive = 2.5e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 8
+    num_envs: Flag.Count = 8
     """the number of parallel game environments"""
-    num_steps: int = 128
+    num_steps: Flag.Count = 128
     """the number of steps per env per rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    num_minibatches: int = 4
+    num_minibatches: Flag.Count = 4
     """the number of mini-batches"""
-    update_epochs: int = 4
+    update_epochs: Flag.Count = 4
     """the K epochs to update the Q-network"""
-    max_grad_norm: float = 10.0
+    max_grad_norm: Flag.Positive = 10.0
     """the maximum global norm of the gradients"""
-    start_e: float = 1.0
+    start_e: Flag.Fraction = 1.0
     """the starting epsilon for exploration"""
-    end_e: float = 0.01
+    end_e: Flag.Fraction = 0.01
     """the ending epsilon for exploration"""
-    exploration_fraction: float = 0.10
+    exploration_fraction: Flag.PositiveFraction = 0.10
     """the fraction of `total_timesteps` from start_e to end_e"""
-    q_lambda: float = 0.65
+    q_lambda: Flag.Fraction = 0.65
     """the lambda of the Q(lambda) returns (0: one-step, 1: Monte Carlo)"""
-    measure_burnin: int = 1
+    measure_burnin: Flag.CountFrom0 = 1
     """warm-up iterations the speed figure leaves out"""
-
-
-RANGES = Ranges(
-    counts=("num_envs", "num_steps", "num_minibatches", "update_epochs"),
-    rates=("learning_rate", "max_grad_norm", "exploration_fraction"),
-    fractions=("gamma", "q_lambda", "start_e", "end_e", "exploration_fraction"),
-    at_least_0=("measure_burnin",),
-)
 
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
@@ -221,7 +213,7 @@ if __name__ == "__main__":
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # accept CleanRL's ids
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
-    run = Run(args, RANGES)
+    run = Run(args)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} must divide num_envs x num_steps = {batch_size}")

@@ -29,7 +29,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
+from run_bookkeeping import Flag, Run, RunArgs, fail, game_mp4, stop_if_signalled, usable_cores
 
 
 @dataclass
@@ -40,31 +40,31 @@ class Args(RunArgs):
     """envpool, or gymnasium with ALE"""
     total_timesteps: int = 10_000_000
     """total environment steps (0 with --load-model: evaluate only)"""
-    learning_rate: float = 6.25e-5
+    learning_rate: Flag.Positive = 6.25e-5
     """the learning rate of the optimizer"""
-    num_envs: int = 1
+    num_envs: Flag.Count = 1
     """the number of parallel environments"""
-    buffer_size: int = 1_000_000
+    buffer_size: Flag.Count = 1_000_000
     """the replay memory size (transitions)"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    tau: float = 1.0
+    tau: Flag.PositiveFraction = 1.0
     """the target network update rate (1: a hard copy)"""
-    target_network_frequency: int = 8000
+    target_network_frequency: Flag.Count = 8000
     """environment steps between target updates"""
-    batch_size: int = 32
+    batch_size: Flag.Count = 32
     """the replay batch size"""
-    learning_starts: int = 80_000
+    learning_starts: Flag.BeforeTheEnd = 80_000
     """environment steps before learning starts"""
-    train_frequency: int = 4
+    train_frequency: Flag.Count = 4
     """environment steps per update"""
-    n_step: int = 3
+    n_step: Flag.Count = 3
     """the steps summed before a return bootstraps"""
-    prioritized_replay_alpha: float = 0.5
+    prioritized_replay_alpha: Flag.AtLeast0 = 0.5
     """the priority exponent (0: uniform replay)"""
-    prioritized_replay_beta: float = 0.4
+    prioritized_replay_beta: Flag.Fraction = 0.4
     """the importance-sampling exponent, annealed to 1"""
-    prioritized_replay_eps: float = 1e-6
+    prioritized_replay_eps: Flag.Positive = 1e-6
     """added to every priority (none is 0)"""
     n_atoms: int = 51
     """the number of return atoms"""
@@ -74,23 +74,15 @@ class Args(RunArgs):
     """the return upper bound"""
     noisy: bool = True
     """explore with noisy layers (--no-noisy: epsilon-greedy)"""
-    start_e: float = 1.0
+    start_e: Flag.Fraction = 1.0
     """the starting epsilon"""
-    end_e: float = 0.01
+    end_e: Flag.Fraction = 0.01
     """the ending epsilon"""
-    exploration_fraction: float = 0.10
+    exploration_fraction: Flag.PositiveFraction = 0.10
     """the fraction of the run from start_e to end_e"""
-    measure_burnin: int = 50
+    measure_burnin: Flag.CountFrom0 = 50
     """updates left out of the speed figure"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "batch_size", "buffer_size", "train_frequency", "target_network_frequency", "n_step"),
-    rates=("learning_rate", "tau", "exploration_fraction", "prioritized_replay_eps"),
-    fractions=("gamma", "tau", "exploration_fraction", "prioritized_replay_beta", "start_e", "end_e"),
-    at_least_0=("prioritized_replay_alpha", "measure_burnin"),
-    before_the_end=("learning_starts",),
-)
 
 LOG_EVERY = 100  # a host sync each
 
@@ -430,7 +422,7 @@ def evaluate(q_network, support, args, device, video_folder=None):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     first_ready = (args.n_step + 1) * args.num_envs  # steps before the first drawable transition

@@ -1,11 +1,11 @@
 """Run bookkeeping for the scripts beside it: what every script needs and no reader of its algorithm comes for; no
 algorithm (networks, losses, env wrappers, replay). A script uses it in this order:
 
-    run = Run(args, RANGES)  # check_flags: one line, exit code 2, for a value outside Ranges; seeds; the device
+    run = Run(args)  # check_flags: one line, exit code 2, for a value its flag's type (Flag) refuses; seeds; the device
     run.tune_cpu(threads=...)  # torch's CPU threads, before any tensor work
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the Checkpoint's contents
     run.start()  # the Sinks (the run folder, TensorBoard, W&B, the progress line), the SignalWatcher
-    with run.stoppable():  # a Stopped (a signal at a safe point, a non-finite loss) ends the block
+    with run.stoppable():  # a signal at a safe point, a non-finite loss or an exception ends the block
         for ...:
             stop_if_signalled()  # the safe point a first Ctrl-C or SIGTERM stops at
             next_obs, ... = run.timed_env_call(envs.step, actions)
@@ -34,10 +34,13 @@ import sys
 import threading
 import time
 import traceback
+import typing
 import warnings
 from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -71,6 +74,53 @@ SUMMARY_KEYS = (
 SIGNALS_RECEIVED = []  # Ctrl-C and SIGTERM as they came (the SignalWatcher notes them); read at the safe points
 
 
+@dataclass(frozen=True)
+class Allowed:
+    """The values a flag may take, put in its type (Flag's kinds): `valid(value)`, or `valid(value, bound)` where the
+    flag named `other` sets the bound; `refusal` ends the line that refuses a value outside them."""
+
+    valid: Callable
+    refusal: str
+    other: str | None = None
+
+
+class Flag:
+    """The kinds of numeric flag, each with the values it may take, given as the flag's type in Args
+    (`gamma: Flag.Fraction = 0.99`): a flag is declared in one place. Run refuses any other value in one line, exit
+    code 2, before any work; a flag at None (a feature switched off) is not checked."""
+
+    Count = Annotated[int, Allowed(lambda value: value > 0, "must be positive, not {value}")]
+    CountFrom0 = Annotated[int, Allowed(lambda value: value >= 0, "must be 0 or more, not {value}")]
+    Positive = Annotated[float, Allowed(lambda value: 0 < value < math.inf, "must be a positive number, not {value}")]
+    AtLeast0 = Annotated[float, Allowed(lambda value: 0 <= value < math.inf, "must be 0 or more, not {value}")]
+    Fraction = Annotated[float, Allowed(lambda value: 0 <= value <= 1, "must be in [0, 1], not {value}")]
+    PositiveFraction = Annotated[float, Allowed(lambda value: 0 < value <= 1, "must be in (0, 1], not {value}")]
+    # steps before learning starts: below --total-timesteps, or no update would run (0: --load-model evaluates)
+    BeforeTheEnd = Annotated[
+        int,
+        Allowed(
+            lambda value, end: end == 0 or value < end,
+            "{value} leaves no update: it must be below {bound}",
+            "total_timesteps",
+        ),
+    ]
+
+
+def _check_allowed(args):
+    """Each flag's value against the Allowed in its type (`Flag.X | None` too): one line, exit code 2, outside it."""
+    for name, hint in typing.get_type_hints(type(args), include_extras=True).items():
+        metadata = [meta for part in (hint, *typing.get_args(hint)) for meta in getattr(part, "__metadata__", ())]
+        for allowed in [meta for meta in metadata if isinstance(meta, Allowed)]:  # tyro's markers are left to tyro
+            flag, value, bound = "--" + name.replace("_", "-"), getattr(args, name), ()
+            if allowed.other is not None:
+                other = "--" + allowed.other.replace("_", "-")
+                if not hasattr(args, allowed.other):
+                    fail(f"{flag} is checked against {other}, which {_script_name()}.py lacks")
+                bound = (getattr(args, allowed.other),)
+            if value is not None and not allowed.valid(value, *bound):  # nan fails every comparison: refused too
+                fail(f"{flag} " + allowed.refusal.format(value=value, bound=f"{other} {bound[0]}" if bound else ""))
+
+
 def _script_name():  # the script being run, without .py
     return os.path.basename(getattr(sys.modules["__main__"], "__file__", "script.py")).removesuffix(".py")
 
@@ -89,10 +139,10 @@ class RunArgs:
     track: bool = False  # log the run to Weights & Biases (pip install ".[wandb]"; WANDB_MODE=offline keeps it local)
     wandb_project_name: str = "leanrl-scripts"  # the W&B project of --track
     wandb_entity: str | None = None  # the W&B team or user of --track (None: your own)
-    torch_threads: int = 0  # torch's CPU threads (0: one on CUDA, else the script's choice; OMP_NUM_THREADS too)
+    torch_threads: Flag.CountFrom0 = 0  # CPU threads for torch (0: one on CUDA, else the script's; OMP_NUM_THREADS too)
     compile: bool = False  # wrap the script's pieces in torch.compile (the summary lists those that ran compiled)
     cudagraphs: bool = False  # wrap them in CUDA graphs (tensordict's CudaGraphModule); without CUDA, run eagerly
-    eval_episodes: int = 10  # evaluation episodes at the end of the run (on Atari whole games, the game's score)
+    eval_episodes: Flag.CountFrom0 = 10  # evaluation episodes at the end (on Atari whole games, the game's score)
     capture_video: bool = False  # record the first evaluation episode to runs/<run_name>/videos (needs .[video])
     save_model: bool = False  # save a checkpoint to runs/<run_name>/model.pt at the end
     load_model: str = ""  # a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)
@@ -102,37 +152,6 @@ def fail(message):
     """Bad input: one line on stderr, exit code 2."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-@dataclass(frozen=True)
-class Ranges:
-    """The values a script's flags may take, declared beside its Args; Run refuses any other in one line, exit code 2,
-    before any work. A flag left at None (a feature switched off) is not checked."""
-
-    counts: tuple = ()  # whole numbers, 1 or more
-    rates: tuple = ()  # numbers above 0 (nan and inf refused)
-    fractions: tuple = ()  # numbers in [0, 1]
-    at_least_0: tuple = ()  # numbers 0 or more
-    before_the_end: tuple = ()  # steps before learning starts: below --total-timesteps, or no update would run
-
-    def check(self, args):
-        rules = [
-            (self.counts, lambda value: value > 0, "must be positive"),
-            (self.rates, lambda value: 0 < value < math.inf, "must be a positive number"),
-            (self.fractions, lambda value: 0 <= value <= 1, "must be in [0, 1]"),
-            (self.at_least_0, lambda value: 0 <= value < math.inf, "must be 0 or more"),
-        ]
-        for names, valid, rule in rules:
-            for name in names:
-                value = getattr(args, name)
-                if value is not None and not valid(value):  # nan fails every comparison: refused too
-                    fail(f"--{name.replace('_', '-')} {rule}, not {value}")
-        for name in self.before_the_end:
-            if 0 < args.total_timesteps <= getattr(args, name):  # 0: --load-model evaluates, no update is asked
-                fail(
-                    f"--{name.replace('_', '-')} {getattr(args, name)} leaves no update: it must be below "
-                    f"--total-timesteps {args.total_timesteps}"
-                )
 
 
 def check_spaces(env_id, actions, needs, observations=None, flat=None, hint="this script needs a flat (1-D Box) one"):
@@ -319,14 +338,13 @@ def _descendants(pid):  # the processes `pid` started (an actor process, Ray's),
     return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
-def check_flags(args, ranges):
-    """The flag checks: values outside the script's `ranges` and the shared ones, a seed the generators cannot take, a
+def check_flags(args):
+    """The flag checks: values outside what each flag's type allows (Flag), a seed the generators cannot take, a
     checkpoint that is not there, an extra that --track or --capture-video needs and is not installed. Each is one
     line on stderr and exit code 2, before any work."""
     if args.total_timesteps < 0 or (args.total_timesteps == 0 and not args.load_model):
         fail("--total-timesteps must be positive (0 only with --load-model)")
-    ranges.check(args)
-    Ranges(at_least_0=("eval_episodes", "torch_threads")).check(args)
+    _check_allowed(args)
     if not 0 <= args.seed <= 2**30:  # envpool takes 31-bit seeds, NumPy 32; the scripts add offsets to theirs
         fail(f"--seed must be from 0 to 2**30, not {args.seed}")
     if args.load_model and not os.path.isfile(args.load_model):
@@ -652,8 +670,8 @@ class Run:
     folder's name, then its parts (the checkpoint, the clock, the sinks, the signal watcher); its summary and exit
     code at the end."""
 
-    def __init__(self, args, ranges=Ranges()):
-        check_flags(args, ranges)
+    def __init__(self, args):
+        check_flags(args)
         self.args = args
         random.seed(args.seed)
         np.random.seed(args.seed)

@@ -19,7 +19,7 @@ import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
+from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -28,41 +28,33 @@ class Args(RunArgs):
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 1_000_000
     """total environment steps (0 only with --load-model: evaluate it)"""
-    num_envs: int = 1
+    num_envs: Flag.Count = 1
     """the number of parallel environments"""
-    buffer_size: int = 1_000_000
+    buffer_size: Flag.Count = 1_000_000
     """the replay memory buffer size"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    tau: float = 0.005
+    tau: Flag.PositiveFraction = 0.005
     """target smoothing coefficient"""
-    batch_size: int = 256
+    batch_size: Flag.Count = 256
     """the batch size of samples from the replay memory"""
-    learning_starts: int = 5_000
+    learning_starts: Flag.BeforeTheEnd = 5_000
     """environment steps of random actions before learning starts"""
-    policy_lr: float = 3e-4
+    policy_lr: Flag.Positive = 3e-4
     """the learning rate of the policy network optimizer"""
-    q_lr: float = 1e-3
+    q_lr: Flag.Positive = 1e-3
     """the learning rate of the Q network optimizer"""
-    policy_frequency: int = 2
+    policy_frequency: Flag.Count = 2
     """the policy is trained every `policy_frequency` updates, that many times"""
-    target_network_frequency: int = 1
+    target_network_frequency: Flag.Count = 1
     """the frequency of updates to the target critics"""
-    alpha: float = 0.2
+    alpha: Flag.Positive = 0.2
     """the entropy coefficient with --no-autotune"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
-    measure_burnin: int = 50
+    measure_burnin: Flag.CountFrom0 = 50
     """updates the speed figure leaves out (compilation, graph capture)"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "batch_size", "buffer_size", "policy_frequency", "target_network_frequency"),
-    rates=("policy_lr", "q_lr", "alpha", "tau"),
-    fractions=("gamma", "tau"),
-    at_least_0=("measure_burnin",),
-    before_the_end=("learning_starts",),
-)
 
 LOG_EVERY = 100  # iterations between metric reads (a host sync each)
 LOG_STD_MIN = -5.0
@@ -256,7 +248,7 @@ def evaluate(actor, args, device, video_folder):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device

@@ -21,7 +21,7 @@ import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
-from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
+from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
 
 @dataclass
@@ -30,39 +30,31 @@ class Args(RunArgs):
     """the id of the gymnasium environment (continuous actions)"""
     total_timesteps: int = 1_000_000
     """total environment steps (0 only with --load-model: evaluate it)"""
-    num_envs: int = 1
+    num_envs: Flag.Count = 1
     """the number of parallel environments"""
-    buffer_size: int = 1_000_000
+    buffer_size: Flag.Count = 1_000_000
     """the replay memory buffer size"""
-    gamma: float = 0.99
+    gamma: Flag.Fraction = 0.99
     """the discount factor gamma"""
-    tau: float = 0.005
+    tau: Flag.PositiveFraction = 0.005
     """target smoothing coefficient"""
-    batch_size: int = 256
+    batch_size: Flag.Count = 256
     """the batch size of samples from the replay memory"""
-    learning_starts: int = 25_000
+    learning_starts: Flag.BeforeTheEnd = 25_000
     """environment steps of random actions before learning starts"""
-    learning_rate: float = 3e-4
+    learning_rate: Flag.Positive = 3e-4
     """the learning rate of both optimizers"""
-    exploration_noise: float = 0.1
+    exploration_noise: Flag.AtLeast0 = 0.1
     """the scale of the exploration noise (in half action ranges)"""
-    policy_noise: float = 0.2
+    policy_noise: Flag.AtLeast0 = 0.2
     """the scale of the target policy smoothing noise"""
-    noise_clip: float = 0.5
+    noise_clip: Flag.AtLeast0 = 0.5
     """the target policy smoothing noise is clipped to this"""
-    policy_frequency: int = 2
+    policy_frequency: Flag.Count = 2
     """the frequency of delayed actor and target updates"""
-    measure_burnin: int = 50
+    measure_burnin: Flag.CountFrom0 = 50
     """updates the speed figure leaves out (compilation, graph capture)"""
 
-
-RANGES = Ranges(
-    counts=("num_envs", "batch_size", "buffer_size", "policy_frequency"),
-    rates=("learning_rate", "tau"),
-    fractions=("gamma", "tau"),
-    at_least_0=("exploration_noise", "policy_noise", "noise_clip", "measure_burnin"),
-    before_the_end=("learning_starts",),
-)
 
 LOG_EVERY = 100  # iterations between metric reads (a host sync each)
 
@@ -238,7 +230,7 @@ def evaluate(actor, args, device, video_folder):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    run = Run(args, RANGES)
+    run = Run(args)
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device

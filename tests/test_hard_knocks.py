@@ -16,7 +16,7 @@ import typing
 import pytest
 import torch
 
-from run_bookkeeping import RunArgs
+from run_bookkeeping import Flag, RunArgs, check_flags
 from script_runs import ALL_SCRIPTS, SCRIPTS, load_script, run_script, shared_run, start_script
 
 PENDULUM = ["--env-id", "Pendulum-v1"]
@@ -379,38 +379,49 @@ def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
         assert not os.path.exists(os.path.join(workdir, "runs"))
 
 
-# Numeric flags outside a script's Ranges, each with why: the script checks them against each other.
+# Numeric flags whose type allows any number, each with why: the script checks them against each other.
 CHECKED_TOGETHER = {
     "impala_ray.py": {"replay_ratio", "hide_obs"},  # a fraction below 1; observation indices, each in range
     "ppo_atari_multigpu.py": {"device_ids", "world_size", "num_envs"},  # one GPU per process; set from torchrun
     "rainbow_atari.py": {"n_atoms", "v_min", "v_max"},  # 2 or more atoms on [v_min, v_max], v_min below v_max
     "fast_td3.py": {"v_min", "v_max"},  # v_min below v_max
 }
-OUTSIDE = {  # values outside each kind of range, as a user might type them
-    "counts": [0, -1],
-    "rates": [0, -0.5, float("nan")],
-    "fractions": [1.5, -0.1],
-    "at_least_0": [-0.5, float("nan")],
+OUTSIDE = {  # values outside each kind of flag, as a user might type them
+    "Count": [0, -1],
+    "CountFrom0": [-1],
+    "Positive": [0, -0.5, float("nan")],
+    "Fraction": [1.5, -0.1],
+    "PositiveFraction": [0, 1.5, float("nan")],
+    "AtLeast0": [-0.5, float("nan")],
+    "BeforeTheEnd": [],  # the script's own --total-timesteps, below
 }
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_every_numeric_flag_has_its_range_and_a_value_outside_it_is_one_error_line(script, capsys):
-    """Each script declares beside its Args the values each flag may take (run_bookkeeping.Ranges); every value
-    outside them is refused in one line before any work. Here in-process, each flag with each kind of bad value."""
+def test_every_numeric_flag_has_its_kind_and_a_value_outside_it_is_one_error_line(script, capsys):
+    """Each numeric flag of a script's Args declares in its type (run_bookkeeping.Flag) the values it may take;
+    every value outside them is refused in one line before any work. Here in-process, each flag with each kind's bad
+    values."""
     module = load_script(script)
-    ranges = module.RANGES
-    declared = set().union(*(getattr(ranges, kind.name) for kind in dataclasses.fields(ranges)))
-    shared = {field.name for field in dataclasses.fields(RunArgs)}  # the module's own checks
-    types = typing.get_type_hints(module.Args)
-    numeric = {name for name, kind in types.items() if re.search(r"\b(int|float)\b", str(kind))}
-    assert numeric - shared - CHECKED_TOGETHER.get(script, set()) == declared
-    module.RANGES.check(module.Args())  # the defaults are in range
-    bad = [(name, value) for kind, values in OUTSIDE.items() for name in getattr(ranges, kind) for value in values]
-    bad += [(name, module.Args().total_timesteps) for name in ranges.before_the_end]
+    types = typing.get_type_hints(module.Args, include_extras=True)
+    kinds = {kind: getattr(Flag, kind) for kind in OUTSIDE}
+    declared = {
+        name: kind
+        for name, hint in types.items()
+        for kind, flag in kinds.items()
+        if flag in (hint, *typing.get_args(hint))
+    }
+    shared = {field.name for field in dataclasses.fields(RunArgs)}  # the module's own flags
+    numeric = {
+        name for name, kind in typing.get_type_hints(module.Args).items() if re.search(r"\b(int|float)\b", str(kind))
+    }
+    assert numeric - shared - CHECKED_TOGETHER.get(script, set()) == set(declared) - shared
+    check_flags(module.Args())  # the defaults are allowed
+    bad = [(name, value) for name, kind in declared.items() for value in OUTSIDE[kind]]
+    bad += [(name, module.Args().total_timesteps) for name, kind in declared.items() if kind == "BeforeTheEnd"]
     for name, value in bad:
         with pytest.raises(SystemExit) as stop:
-            ranges.check(dataclasses.replace(module.Args(), **{name: value}))
+            check_flags(dataclasses.replace(module.Args(), **{name: value}))
         line = capsys.readouterr().err
         assert stop.value.code == 2 and line.startswith(f"error: --{name.replace('_', '-')} ") and line.count("\n") == 1
 

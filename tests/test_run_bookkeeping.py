@@ -3,6 +3,7 @@ it in one line and holds only its algorithm, within the size a reader was promis
 the scripts run the ways users run them (from a clone, copied with the module, against a pip install)."""
 
 import ast
+import dataclasses
 import io
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from code_tokens import code_tokens, prose_words
+from run_bookkeeping import Flag
 from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 
 # Code tokens (tests/code_tokens.py: comments, docstrings and layout left out, so packing lines saves nothing), each
@@ -47,7 +49,7 @@ MAX_TOKENS = {
     "pqn_atari_envpool.py": 2508,
     "rainbow_atari.py": 4638,
     "fast_td3.py": 3679,
-    MODULE: 5162,  # a finished run kept from its evaluation, a crash in the training from losing its summary
+    MODULE: 5333,  # a finished run kept from its evaluation, a crash from losing its summary; a flag declared once
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
@@ -73,7 +75,8 @@ MAX_PROSE_WORDS = {
 # What a script may take from the module; the rest of it is private (a leading underscore).
 PUBLIC = {
     "RunArgs",
-    "Ranges",
+    "Flag",
+    "Allowed",
     "Run",
     "Stopped",
     "SIGNALS_RECEIVED",
@@ -370,23 +373,16 @@ def test_a_seed_the_generators_cannot_take_is_refused_before_any_work(seed, tmp_
 
 
 @dataclass
-class RangedArgs:
+class FlaggedArgs:
     total_timesteps: int = 1000
-    num_envs: int = 4
-    learning_rate: float = 3e-4
-    gamma: float = 0.99
-    ent_coef: float = 0.0
-    target_kl: float | None = None
-    learning_starts: int = 100
-
-
-RANGED = dict(
-    counts=("num_envs",),
-    rates=("learning_rate", "target_kl"),
-    fractions=("gamma",),
-    at_least_0=("ent_coef",),
-    before_the_end=("learning_starts",),
-)
+    num_envs: Flag.Count = 4
+    learning_rate: Flag.Positive = 3e-4
+    gamma: Flag.Fraction = 0.99
+    tau: Flag.PositiveFraction = 0.005
+    ent_coef: Flag.AtLeast0 = 0.0
+    measure_burnin: Flag.CountFrom0 = 1
+    target_kl: Flag.Positive | None = None
+    learning_starts: Flag.BeforeTheEnd = 100
 
 
 @pytest.mark.parametrize(
@@ -399,22 +395,41 @@ RANGED = dict(
         ("target_kl", -0.1, "--target-kl must be a positive number, not -0.1"),
         ("gamma", 1.5, "--gamma must be in [0, 1], not 1.5"),
         ("gamma", -0.1, "--gamma must be in [0, 1], not -0.1"),
+        ("tau", 0.0, "--tau must be in (0, 1], not 0.0"),
+        ("tau", 1.5, "--tau must be in (0, 1], not 1.5"),
         ("ent_coef", -0.01, "--ent-coef must be 0 or more, not -0.01"),
         ("ent_coef", float("nan"), "--ent-coef must be 0 or more, not nan"),
+        ("measure_burnin", -1, "--measure-burnin must be 0 or more, not -1"),
         ("learning_starts", 1000, "--learning-starts 1000 leaves no update: it must be below --total-timesteps 1000"),
     ],
 )
-def test_a_value_outside_the_scripts_ranges_is_one_error_line(flag, value, message, capsys):
+def test_a_value_its_flags_type_does_not_allow_is_one_error_line(flag, value, message, capsys):
     import run_bookkeeping
 
-    ranges = run_bookkeeping.Ranges(**RANGED)
-    ranges.check(RangedArgs())  # the defaults pass, target_kl's None (switched off) too
+    run_bookkeeping._check_allowed(FlaggedArgs())  # the defaults pass, target_kl's None (switched off) too
     with pytest.raises(SystemExit) as stop:
-        ranges.check(RangedArgs(**{flag: value}))
+        run_bookkeeping._check_allowed(FlaggedArgs(**{flag: value}))
     assert stop.value.code == 2 and capsys.readouterr().err == f"error: {message}\n"
 
 
 def test_learning_starts_beyond_the_budget_pass_when_a_checkpoint_is_evaluated():
     import run_bookkeeping
 
-    run_bookkeeping.Ranges(**RANGED).check(RangedArgs(total_timesteps=0))  # --total-timesteps 0 --load-model
+    run_bookkeeping._check_allowed(FlaggedArgs(total_timesteps=0))  # --total-timesteps 0 --load-model
+
+
+def test_a_flag_removed_from_args_needs_no_other_edit_and_a_bound_on_a_missing_flag_is_one_line(capsys):
+    """A flag's allowed values live in its type: a copy of Args without a flag has no list that still names it. A
+    kind that bounds a flag by another (learning_starts by total_timesteps) refuses an Args without that one."""
+    import run_bookkeeping
+
+    def without(name):
+        kept = [(f.name, f.type, f) for f in dataclasses.fields(FlaggedArgs) if f.name != name]
+        return dataclasses.make_dataclass(f"Without_{name}", kept)()
+
+    run_bookkeeping._check_allowed(without("tau"))
+    with pytest.raises(SystemExit) as stop:
+        run_bookkeeping._check_allowed(without("total_timesteps"))
+    line = capsys.readouterr().err
+    assert stop.value.code == 2 and line.count("\n") == 1
+    assert line.startswith("error: --learning-starts is checked against --total-timesteps, which ") and "lacks" in line
