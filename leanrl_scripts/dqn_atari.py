@@ -237,9 +237,9 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
     return loss, {"td_loss": loss.detach(), "q_values": old_val.mean().detach()}
 
 
-def update(*batch, loss_fn, optimizer, **loss_args):
-    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
-    loss, metrics = loss_fn(*batch, **loss_args)
+def update(*batch, loss_fn, q_network, target_network, optimizer, gamma):
+    """One TD step on `loss_fn`, the compiled td_loss; backward and Adam run outside it."""
+    loss, metrics = loss_fn(*batch, q_network=q_network, target_network=target_network, gamma=gamma)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

@@ -355,10 +355,12 @@ def rainbow_loss(obs, actions, returns, discounts, next_obs, weights, *, q_netwo
     return loss, divergence.detach(), {"td_loss": loss.detach(), "q_values": q_values}
 
 
-def update(beta, *, sample_fn, batch_size, loss_fn, optimizer, replay, **loss_args):
+def update(beta, *, sample_fn, batch_size, loss_fn, q_network, target_network, support, optimizer, replay):
     """One update on the device: draw, loss, Adam, priorities."""
     leaf, weights, *batch = sample_fn(batch_size, beta)
-    loss, divergences, metrics = loss_fn(*batch, weights, **loss_args)
+    loss, divergences, metrics = loss_fn(
+        *batch, weights, q_network=q_network, target_network=target_network, support=support
+    )
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
