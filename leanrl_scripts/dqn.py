@@ -190,7 +190,7 @@ def evaluate(q_network, args, device, video_folder=None):
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
-            actions = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(-1)
+            actions = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), q_network=q_network)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations
