@@ -150,7 +150,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, q_network, target_network, optimizer, gamma):
-    """One TD step on `loss_fn`, the compiled td_loss; backward and Adam run outside it."""
+    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
     loss, metrics = loss_fn(*batch, q_network=q_network, target_network=target_network, gamma=gamma)
     optimizer.zero_grad()
     loss.backward()
@@ -182,7 +182,7 @@ def evaluate(q_network, args, device, video_folder=None):
     while not finished.all():
         stop_if_signalled()
         with torch.no_grad():
-            actions = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(-1)
+            actions = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), q_network=q_network)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations

@@ -238,7 +238,7 @@ def td_loss(obs, actions, rewards, next_obs, terminations, *, q_network, target_
 
 
 def update(*batch, loss_fn, q_network, target_network, optimizer, gamma):
-    """One TD step on `loss_fn`, the compiled td_loss; backward and Adam run outside it."""
+    """One TD step; backward and Adam run outside the compiled `loss_fn`."""
     loss, metrics = loss_fn(*batch, q_network=q_network, target_network=target_network, gamma=gamma)
     optimizer.zero_grad()
     loss.backward()

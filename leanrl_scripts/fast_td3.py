@@ -105,7 +105,7 @@ def make_envs(env_id, num_envs, video_folder=None):
         except ModuleNotFoundError:
             fail('dm_control tasks need shimmy and dm_control: pip install ".[dm-control]"')
     try:
-        thunks = [make_env(env_id, video_folder if i == 0 else None) for i in range(num_envs)]
+        thunks = [make_env(env_id, i == 0 and video_folder) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.DependencyNotInstalled as error:
         fail(
@@ -247,13 +247,18 @@ class ReplayBuffer:
         return obs[:, 0], actions[:, 0], returns, next_obs[batch, last], 1 - terminations[batch, last, 0], self.gamma**n
 
 
-def policy(obs, ended, noise_scales, *, actor, normalizer, std_min, std_max):
-    """Noisy actions in [-1, 1] and each env's noise scale, drawn again where its episode ended; the observations
-    update the normalizer. `actor` is a detached view of the learner."""
+def policy(obs, *, actor, normalizer):
+    """Deterministic actions in [-1, 1]; `actor`, a detached view, records no graph."""
+    return actor(normalizer(obs))
+
+
+def explore(obs, ended, noise_scales, *, actor, normalizer, args):
+    """Noisy actions and each env's noise scale, redrawn where its episode ended; the observations update the
+    normalizer."""
     normalizer.update(obs)
-    drawn = torch.rand_like(noise_scales) * (std_max - std_min) + std_min
+    drawn = torch.rand_like(noise_scales) * (args.std_max - args.std_min) + args.std_min
     noise_scales = torch.where(ended[:, None], drawn, noise_scales)
-    actions = actor(normalizer(obs))
+    actions = policy(obs, actor=actor, normalizer=normalizer)
     return (actions + torch.randn_like(actions) * noise_scales).clamp(-1, 1), noise_scales
 
 
@@ -325,8 +330,7 @@ def evaluate(actor, normalizer, args, device, video_folder):
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
-        with torch.no_grad():
-            actions = actor(normalizer(torch.as_tensor(obs, dtype=torch.float32, device=device)))
+        actions = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), actor=actor, normalizer=normalizer)
         env_actions = to_env_actions(actions.cpu().numpy(), envs.single_action_space)
         obs, rewards, terminations, truncations, _ = envs.step(env_actions)
         returns += rewards * ~finished
@@ -357,14 +361,16 @@ if __name__ == "__main__":
     act_dim = math.prod(envs.single_action_space.shape)
     run.check_fits(args.buffer_size * args.num_envs * (2 * obs_dim + act_dim + 3) * 4, "--buffer-size")
 
-    critic = partial(DistributionalQEnsemble, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms)
+    critic = partial(
+        DistributionalQEnsemble, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms, args.v_min, args.v_max
+    )
     actor = Actor(obs_dim, act_dim, args.actor_hidden_dim).to(device)
-    qnet = critic(args.v_min, args.v_max).to(device)
-    target_qnet = critic(args.v_min, args.v_max).to(device).requires_grad_(False)
+    qnet = critic().to(device)
+    target_qnet = critic().to(device).requires_grad_(False)
     target_qnet.load_state_dict(qnet.state_dict())
     normalizer = EmpiricalNormalization(obs_dim, args.obs_normalization).to(device)
     actor_view = detached_view(actor, Actor(obs_dim, act_dim, args.actor_hidden_dim).to("meta"))
-    qnet_view = detached_view(qnet, critic(args.v_min, args.v_max).to("meta"))
+    qnet_view = detached_view(qnet, critic().to("meta"))
     # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
     adamw = partial(torch.optim.AdamW, weight_decay=args.weight_decay, fused=True, capturable=run.cudagraphs)
     q_optimizer = adamw(qnet.parameters(), lr=torch.tensor(args.critic_learning_rate, device=device))
@@ -383,9 +389,7 @@ if __name__ == "__main__":
 
     # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
-    policy_step = partial(
-        maybe_compile(policy), actor=actor_view, normalizer=normalizer, std_min=args.std_min, std_max=args.std_max
-    )
+    policy_step = partial(maybe_compile(explore), actor=actor_view, normalizer=normalizer, args=args)
     amp = args.amp and device.type == "cuda"
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=amp)
     critic_step = partial(
@@ -428,8 +432,9 @@ if __name__ == "__main__":
             global_step = iteration * args.num_envs
             if global_step >= args.learning_starts and critic_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
-            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
-            actions, noise_scales = policy_step(obs_tensor, ended, noise_scales)
+            actions, noise_scales = policy_step(
+                torch.as_tensor(obs, dtype=torch.float32, device=device), ended, noise_scales
+            )
             actions = actions.cpu().numpy()
             env_actions = to_env_actions(actions, envs.single_action_space)
             next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, env_actions)
@@ -457,7 +462,6 @@ if __name__ == "__main__":
         "critic_updates": critic_updates,
         "actor_updates": critic_updates // args.policy_frequency,
         "amp_active": amp,
-        "compiled_pieces": ["actor_loss", "critic_loss", "policy"] if args.compile else [],
+        "compiled_pieces": ["actor_loss", "critic_loss", "explore"] if args.compile else [],
     }
-    evaluation = partial(evaluate, actor_view, normalizer, args, device, run.video_folder)
-    sys.exit(run.write_and_evaluate(evaluation, summary))
+    sys.exit(run.write_and_evaluate(partial(evaluate, actor_view, normalizer, args, device, run.video_folder), summary))

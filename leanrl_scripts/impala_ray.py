@@ -338,6 +338,13 @@ class RewardScale:
         return rewards / np.sqrt(self.returns.var + 1e-8)
 
 
+def policy(obs, state, *, agent, greedy=False):
+    """Actions (sampled; `greedy`: the mode), their logits and the core's next state."""
+    logits, _, state = agent(obs, state)
+    # Gumbel-max: a sample of the softmax
+    return (logits if greedy else logits - torch.empty_like(logits).exponential_().log()).argmax(-1), logits, state
+
+
 class UnrollActor:
     """A Ray actor: its own envs and a CPU copy of the policy; each call returns one unroll of every env."""
 
@@ -376,10 +383,7 @@ class UnrollActor:
         initial_h, initial_c = (part.numpy().copy() for part in self.state)
         for t in range(steps):
             obs[t] = self.obs
-            step_logits, _, self.state = self.agent(torch.from_numpy(self.obs), self.state)
-            logits[t] = step_logits.numpy()
-            gumbel = -torch.empty_like(step_logits).exponential_().log()
-            actions[t] = (step_logits + gumbel).argmax(-1).numpy()  # Gumbel-max: a sample of the softmax
+            actions[t], logits[t], self.state = policy(torch.from_numpy(self.obs), self.state, agent=self.agent)
             env_start = time.perf_counter()
             self.obs, rewards[t], terminations, truncations, infos = self.envs.step(actions[t])
             env_seconds += time.perf_counter() - env_start
@@ -662,12 +666,14 @@ def first_screen(envs):
     return envs.envs[0].render() if isinstance(envs, gym.vector.SyncVectorEnv) else envs.render()[0]
 
 
+@torch.no_grad()
 def evaluate(agent, args, device, video_folder=None):
     """True score of the first whole game in each of --eval-episodes envs (the first env's recorded in `video_folder`).
-    Flat observations: the greedy action (the policy's mode, as the other scripts evaluate their mean action); Atari:
-    sampled actions, since a greedy policy can stall (in Breakout, never launching a new ball) until the time limit."""
-    render = video_folder is not None
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs, render=render)
+    Flat observations: the greedy action; Atari: sampled actions, since a greedy policy can stall (Breakout: never
+    launching a new ball) until the time limit."""
+    envs = make_envs(
+        args.env_id, args.eval_episodes, args.seed + 10_000, False, args.hide_obs, render=video_folder is not None
+    )
     torch.manual_seed(args.seed)  # sampled actions: a checkpoint evaluates to the score its run reported
     obs, _ = envs.reset()
     # one frame per agent step: an Atari step is 4 frames at 60 Hz (15 fps), a classic one its env's render_fps
@@ -678,9 +684,7 @@ def evaluate(agent, args, device, video_folder=None):
     state = agent.initial_state(len(obs), device)
     while not finished.all():
         stop_if_signalled()
-        with torch.no_grad():
-            logits, _, state = agent(torch.as_tensor(obs, device=device), state)
-        actions = torch.distributions.Categorical(logits=logits).sample() if agent.pixels else logits.argmax(-1)
+        actions, _, state = policy(torch.as_tensor(obs, device=device), state, agent=agent, greedy=not agent.pixels)
         obs, rewards, terminations, truncations, infos = envs.step(actions.cpu().numpy())
         if video and not finished[0]:
             video.write_frame(first_screen(envs))
@@ -724,8 +728,9 @@ if __name__ == "__main__":
     probe = make_envs(args.env_id, 1)
     obs_shape, num_actions = spaces(probe)
     probe.close()
-    for index in (index for index in args.hide_obs if not 0 <= index < obs_shape[0]):
-        fail(f"--hide-obs {index}: {args.env_id}'s observations have entries 0 to {obs_shape[0] - 1}")
+    for index in args.hide_obs:
+        if not 0 <= index < obs_shape[0]:
+            fail(f"--hide-obs {index}: {args.env_id}'s observations have entries 0 to {obs_shape[0] - 1}")
     agent = Agent(obs_shape, num_actions, args.resnet, args.lstm).to(device)
     learning_rate = torch.tensor(args.learning_rate, device=device)  # a tensor: annealing never recaptures a graph
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs)

@@ -206,9 +206,10 @@ def flatten_parameters(module):
     return flat
 
 
-def policy(obs, *, agent):
-    """Sampled actions, their log-probabilities and the values; `agent` is a detached view of the learner."""
-    action, log_prob, _, value = agent.get_action_and_value(obs)
+def policy(obs, *, agent, deterministic=False):
+    """Sampled actions (`deterministic`: the mean), their log-probabilities and the values; `agent` is a detached
+    view."""
+    action, log_prob, _, value = agent.get_action_and_value(obs, agent.actor_mean(obs) if deterministic else None)
     return action, log_prob, value
 
 
@@ -286,15 +287,13 @@ def evaluate(agent, obs_stats, args, device, video_folder):
     envs = make_envs(args.env_id, args.eval_episodes, args.gamma, training=False, video_folder=video_folder)
     for normalizer in obs_normalizers(envs):
         normalizer.update_running_mean = False
-        normalizer.obs_rms.mean = obs_stats.mean.copy()
-        normalizer.obs_rms.var = obs_stats.var.copy()
+        normalizer.obs_rms = obs_stats
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
-        with torch.no_grad():
-            actions = agent.actor_mean(torch.as_tensor(obs, dtype=torch.float32, device=device))
+        actions = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), agent=agent, deterministic=True)[0]
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations

@@ -57,7 +57,7 @@ class Args(RunArgs):
     """warm-up iterations the speed figure leaves out"""
 
 
-def make_envs(env_id, num_envs, seed=0, video_folder=None):
+def make_envs(env_id, num_envs, video_folder=None):
     """Vector env that resets within the step an episode ends, as CleanRL's script expects."""
 
     def make_env(record):
@@ -158,16 +158,16 @@ def epsilon_at(step, args):
     return max(slope * step + args.start_e, args.end_e)
 
 
+@torch.no_grad()
 def evaluate(q_network, args, device, video_folder=None):
     """Undiscounted return of the first episode in each of --eval-episodes envs, acting greedily."""
-    envs = make_envs(args.env_id, args.eval_episodes, args.seed + 10_000, video_folder)
+    envs = make_envs(args.env_id, args.eval_episodes, video_folder)
     obs, _ = envs.reset(seed=args.seed + 10_000)
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
-        with torch.no_grad():
-            actions = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(-1)
+        actions, _ = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), 0.0, q_network=q_network)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations
@@ -189,7 +189,7 @@ if __name__ == "__main__":
     # one CPU thread: waking intra-op threads costs more than this MLP's math
     run.tune_cpu(threads=1)
 
-    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    envs = make_envs(args.env_id, args.num_envs)
     obs_dim = envs.single_observation_space.shape[0]
     num_actions = int(envs.single_action_space.n)
     q_network = QNetwork(obs_dim, num_actions).to(device)

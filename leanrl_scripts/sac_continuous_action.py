@@ -178,9 +178,9 @@ class ReplayBuffer:
         return obs, actions, rewards.squeeze(1), next_obs, terminations.squeeze(1)
 
 
-def policy(obs, *, actor):
-    """Sampled actions; `actor` is a detached view of the learner: no graph is recorded."""
-    return actor(obs)[0]
+def policy(obs, *, actor, deterministic=False):
+    """Sampled actions (`deterministic`: the mean); `actor`, a detached view, records no graph."""
+    return actor(obs)[2 if deterministic else 0]
 
 
 def critic_loss(obs, actions, rewards, next_obs, terminations, *, actor, qnet, target_qnet, alpha, gamma):
@@ -237,8 +237,7 @@ def evaluate(actor, args, device, video_folder):
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
-        with torch.no_grad():
-            actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))[2]
+        actions = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), actor=actor, deterministic=True)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations
@@ -266,7 +265,7 @@ if __name__ == "__main__":
     target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
     target_qnet.load_state_dict(qnet.state_dict())
     # autotuned, alpha starts at 1.0, as in CleanRL's and SB3's SAC
-    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
+    log_alpha = torch.tensor(0.0, device=device, requires_grad=args.autotune)
     target_params = from_module(target_qnet)
     online_params = from_module(qnet).data
     actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))

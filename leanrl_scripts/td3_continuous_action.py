@@ -170,9 +170,10 @@ class ReplayBuffer:
         return obs, actions, rewards.squeeze(1), next_obs, terminations.squeeze(1)
 
 
-def policy(obs, *, actor, exploration_noise):
-    """Noisy actions; `actor` is a detached view of the learner: no graph is recorded."""
-    return actor.add_noise(actor(obs), exploration_noise)
+def policy(obs, *, actor, exploration_noise=0.0):
+    """Deterministic actions, noisy while exploring; `actor`, a detached view, records no graph."""
+    actions = actor(obs)
+    return actor.add_noise(actions, exploration_noise) if exploration_noise else actions
 
 
 def critic_loss(obs, actions, rewards, next_obs, terminations, *, target_actor, qnet, target_qnet, args):
@@ -219,8 +220,7 @@ def evaluate(actor, args, device, video_folder):
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         stop_if_signalled()
-        with torch.no_grad():
-            actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+        actions = policy(torch.as_tensor(obs, dtype=torch.float32, device=device), actor=actor)
         obs, rewards, terminations, truncations, _ = envs.step(actions.cpu().numpy())
         returns += rewards * ~finished
         finished |= terminations | truncations
@@ -253,10 +253,11 @@ if __name__ == "__main__":
     online_params = TensorDict(actor=from_module(actor), qnet=from_module(qnet)).data
     actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
     qnet_view = detached_view(qnet, QEnsemble(obs_dim, act_dim).to("meta"))
-    # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
-    adam = partial(torch.optim.Adam, fused=True, capturable=run.cudagraphs)
-    q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.learning_rate, device=device))
-    actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.learning_rate, device=device))
+    # A tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    adam = partial(torch.optim.Adam, lr=learning_rate, fused=True, capturable=run.cudagraphs)
+    q_optimizer = adam(qnet.parameters())
+    actor_optimizer = adam(actor.parameters())
     states = dict(
         actor=actor,
         qnet=qnet,

@@ -241,8 +241,9 @@ def test_each_env_draws_its_noise_scale_again_when_its_episode_ends():
     module, actor, _, _, normalizer = networks()
     scales = torch.full((4, 1), -1.0)
     ended = torch.tensor([True, False, True, False])
-    actions, drawn = module.policy(
-        torch.randn(4, OBS_DIM), ended, scales, actor=actor, normalizer=normalizer, std_min=0.1, std_max=0.2
+    args = SimpleNamespace(std_min=0.1, std_max=0.2)
+    actions, drawn = module.explore(
+        torch.randn(4, OBS_DIM), ended, scales, actor=actor, normalizer=normalizer, args=args
     )
     assert torch.equal(drawn[~ended], scales[~ended]) and ((drawn[ended] >= 0.1) & (drawn[ended] <= 0.2)).all()
     assert actions.abs().max() <= 1 and normalizer.count.item() == 104  # 100 in networks(), these 4

@@ -24,7 +24,7 @@ CASES = {
     "fast_td3.py": (
         ["--env-id", "Pendulum-v1", "--num-envs", 4, "--total-timesteps", 300, "--learning-starts", 200]
         + ["--batch-size", 32, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
-        {"policy", "critic_loss", "actor_loss", "update"},
+        {"explore", "critic_loss", "actor_loss", "update"},
     ),
     "ppo_continuous_action.py": (
         [

@@ -25,7 +25,7 @@ from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 # file at most what it holds now. The five scripts LeanRL also has sit at 1.05-1.43x LeanRL's compiled script of the
 # same name (SAC 2,414, TD3 2,201, PPO continuous 2,450, DQN 1,535, PPO Atari 2,606): they carry the one-line errors
 # (each flag's range among them), checkpoints, evaluation and the true Atari score that LeanRL's lack. The two PQN
-# scripts, which LeanRL lacks, sit at 1.25-1.27x CleanRL's of the same name (1,684 and 2,006), with the same additions.
+# scripts, which LeanRL lacks, sit at 1.25-1.26x CleanRL's of the same name (1,684 and 2,006), with the same additions.
 # The others carry what they exist to show: PPO-LSTM its padded replay, the async PPO its storage by env id, the multi-
 # process PPO its collectives, the Atari DQN the ALE back-end's wrappers, the async DQN its actor process and rate
 # limiter, IMPALA Ray and its actors, FastTD3 (in neither project) its distributional critics, normaliser, n-step
@@ -34,21 +34,21 @@ from script_runs import ALL_SCRIPTS, MODULE, ROOT, SCRIPTS, run_script
 # processes the run started killed), and the run's own threads and memory check (Run.tune_cpu, Run.check_fits), which
 # the scripts called with the run's device and --torch-threads.
 MAX_TOKENS = {
-    "sac_continuous_action.py": 2875,
-    "td3_continuous_action.py": 2582,
-    "ppo_continuous_action.py": 3144,
-    "dqn.py": 2194,
+    "sac_continuous_action.py": 2868,
+    "td3_continuous_action.py": 2576,
+    "ppo_continuous_action.py": 3140,
+    "dqn.py": 2192,
     "ppo_atari_envpool.py": 2746,
     "ppo_atari_envpool_async.py": 2927,
     "ppo_atari_lstm.py": 3869,
     "ppo_atari_multigpu.py": 3708,
     "dqn_atari.py": 3072,
     "dqn_atari_async.py": 5142,
-    "impala_ray.py": 6707,
-    "pqn.py": 2133,
+    "impala_ray.py": 6705,
+    "pqn.py": 2120,
     "pqn_atari_envpool.py": 2508,
     "rainbow_atari.py": 4638,
-    "fast_td3.py": 3679,
+    "fast_td3.py": 3677,
     MODULE: 5333,  # a finished run kept from its evaluation, a crash from losing its summary; a flag declared once
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
@@ -56,10 +56,10 @@ MAX_TOKENS = {
 # PPO Atari 269, PPO-LSTM 284, the multi-process PPO 353, PQN 201, PQN Atari 228, Rainbow 365. The thirteen scripts
 # with a counterpart are at most 2x theirs (the async DQN against dqn_atari.py); IMPALA and FastTD3 have none.
 MAX_PROSE_WORDS = {
-    "sac_continuous_action.py": 527,
-    "td3_continuous_action.py": 487,
+    "sac_continuous_action.py": 525,
+    "td3_continuous_action.py": 486,
     "ppo_continuous_action.py": 588,
-    "dqn.py": 427,
+    "dqn.py": 425,
     "ppo_atari_envpool.py": 535,
     "ppo_atari_envpool_async.py": 529,
     "ppo_atari_lstm.py": 567,
