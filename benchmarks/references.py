@@ -269,8 +269,8 @@ FASTTD3_OUR_DEFAULTS = {
     "num_envs": "128",
     "buffer_size": "51200",
     "gamma": "0.99",
-    "v_min": "-1000.0",
-    "v_max": "1000.0",
+    "v_min": "-2500.0",
+    "v_max": "2500.0",
     "learning_starts": "1280",
 }
 

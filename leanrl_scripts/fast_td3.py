@@ -33,7 +33,7 @@ class Args(RunArgs):
     num_envs: Flag.Count = 128
     """the number of parallel environments"""
     buffer_size: Flag.Count = 51_200
-    """the steps of each env the replay keeps (it holds num_envs times as many transitions)"""
+    """the steps of each env the replay keeps"""
     batch_size: Flag.Count = 32_768
     """the transitions of one update, all envs together"""
     num_updates: Flag.Count = 2
@@ -45,7 +45,7 @@ class Args(RunArgs):
     tau: Flag.PositiveFraction = 0.1
     """target smoothing coefficient, after every critic update"""
     learning_starts: Flag.BeforeTheEnd = 1_280
-    """environment steps before learning starts (FastTD3's 10 steps of its 128 envs)"""
+    """updates follow each step of the envs begun past this many env steps (FastTD3's 10 of 128 envs)"""
     critic_learning_rate: Flag.Positive = 3e-4
     """the critics' learning rate"""
     actor_learning_rate: Flag.Positive = 3e-4
@@ -64,20 +64,20 @@ class Args(RunArgs):
     """the highest exploration noise scale an env draws"""
     num_atoms: Flag.Count = 101
     """the atoms of the critics' value distributions"""
-    v_min: float = -1000.0
+    v_min: float = -2500.0
     """the lowest value of the atoms"""
-    v_max: float = 1000.0
+    v_max: float = 2500.0
     """the highest value of the atoms"""
     critic_hidden_dim: Flag.Count = 1024
     """the width of the critics' first layer (then half, then a quarter)"""
     actor_hidden_dim: Flag.Count = 512
     """the width of the actor's first layer (then half, then a quarter)"""
     use_cdq: bool = True
-    """clipped double Q: the target and the actor take the critic of the lower value"""
+    """clipped double Q: the target and the actor take the lower critic"""
     obs_normalization: bool = True
     """normalise observations by their running mean and std"""
     amp: bool = True
-    """bf16 autocast of the updates (on CUDA; a CPU runs float32)"""
+    """bf16 autocast of the updates (CUDA only)"""
     measure_burnin: Flag.CountFrom0 = 3
     """critic updates the speed figure leaves out (compilation, graph capture)"""
 
@@ -344,8 +344,8 @@ if __name__ == "__main__":
     run = Run(args)
     if args.std_min > args.std_max:
         fail(f"--std-min {args.std_min} must be at most --std-max {args.std_max}")
-    if not args.v_min < args.v_max:
-        fail(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
+    if not 0 < args.v_max - args.v_min < math.inf:
+        fail(f"--v-min {args.v_min} must be below --v-max {args.v_max}, both finite")
     if args.num_atoms < 2:
         fail(f"--num-atoms must be 2 or more, not {args.num_atoms}")
     if args.critic_hidden_dim < 4 or args.actor_hidden_dim < 4:
@@ -420,7 +420,7 @@ if __name__ == "__main__":
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, args.num_steps, args.gamma, device)
     noise_scales = torch.zeros(args.num_envs, 1, device=device)
     ended = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # each env draws its first noise scale
-    critic_updates = 0
+    critic_updates = actor_updates = 0
     metrics = {}
     global_step = 0
     num_iterations = args.total_timesteps // args.num_envs
@@ -430,7 +430,7 @@ if __name__ == "__main__":
         for iteration in range(num_iterations):
             stop_if_signalled()
             global_step = iteration * args.num_envs
-            if global_step >= args.learning_starts and critic_updates >= args.measure_burnin:
+            if global_step > args.learning_starts and critic_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
             actions, noise_scales = policy_step(
                 torch.as_tensor(obs, dtype=torch.float32, device=device), ended, noise_scales
@@ -444,14 +444,16 @@ if __name__ == "__main__":
             ended = torch.from_numpy(episode_ended).to(device)
             obs = next_obs
 
-            if global_step + args.num_envs > args.learning_starts:
-                for _ in range(args.num_updates):
+            if global_step > args.learning_starts:
+                for i in range(args.num_updates):
                     batch = rb.sample(args.batch_size)
                     metrics.update(critic_step(*batch))
                     target_params.lerp_(online_params, args.tau)
                     critic_updates += 1
-                    if critic_updates % args.policy_frequency == 0:  # on the batch the critics just learned from
+                    # FastTD3's: a step's updates 2, f+2, ... (each at f=1); one a step: each f-th step
+                    if (i - 1 if args.num_updates > 1 else iteration) % args.policy_frequency == 0:
                         metrics.update(actor_step(batch[0]))
+                        actor_updates += 1
             if iteration % LOG_EVERY == 0:
                 run.log(global_step, metrics)
         global_step = num_iterations * args.num_envs
@@ -460,7 +462,7 @@ if __name__ == "__main__":
 
     summary = {
         "critic_updates": critic_updates,
-        "actor_updates": critic_updates // args.policy_frequency,
+        "actor_updates": actor_updates,
         "amp_active": amp,
         "compiled_pieces": ["actor_loss", "critic_loss", "explore"] if args.compile else [],
     }

@@ -861,7 +861,7 @@ def test_fast_td3s_settings_reach_fasttd3s_train_py_under_its_names():
     given = dict(zip(words[::2], words[1::2]))
     assert given["--env_name"] == "HalfCheetah-v5" and given["--num_envs"] == "8" and given["--batch_size"] == "1024"
     assert given["--total_timesteps"] == "37500" and given["--learning_starts"] == "160"  # 300,000 and 1,280 over 8
-    assert given["--v_min"] == "-1000.0" and given["--v_max"] == "-5" and given["--buffer_size"] == "51200"
+    assert given["--v_min"] == "-2500.0" and given["--v_max"] == "-5" and given["--buffer_size"] == "51200"
     assert words[-2:] == ["--no_compile", "--no_cuda"] and "--no_cuda" not in references.fasttd3_flags(flags, True)
 
 
