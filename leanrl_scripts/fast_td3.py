@@ -7,6 +7,7 @@ on the device; bf16 autocast and compiled updates. Cost: its defaults are sized 
     python leanrl_scripts/fast_td3.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import copy
 import math
 import sys
 from dataclasses import dataclass
@@ -16,10 +17,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
-from tensordict import from_module
+from tensordict import from_module, from_modules
 from tensordict.nn import CudaGraphModule
+from torch.func import functional_call
 
 from run_bookkeeping import Ranges, Run, RunArgs, check_spaces, fail, stop_if_signalled
 
@@ -195,28 +196,38 @@ class Actor(nn.Module):
         return self.net(obs)
 
 
-class DistributionalQEnsemble(nn.Module):
-    """`num_q` critics, each the logits of Q(s, a)'s distribution over `num_atoms` values from v_min to v_max (C51);
-    weights stacked, a layer is one batched matmul."""
+class DistributionalQNetwork(nn.Module):
+    """The logits of Q(s, a)'s distribution over the atoms (C51)."""
 
-    def __init__(self, obs_dim, act_dim, hidden, num_atoms, v_min, v_max, num_q=2):
+    def __init__(self, obs_dim, act_dim, hidden, num_atoms):
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden // 2, hidden // 4, num_atoms]
-        layers = [[nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes, sizes[1:])] for _ in range(num_q)]
-        self.weights = nn.ParameterList(torch.stack([net[i].weight.T for net in layers]) for i in range(4))
-        self.biases = nn.ParameterList(torch.stack([net[i].bias[None] for net in layers]) for i in range(4))
-        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim + act_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden // 2),
+            nn.ReLU(),
+            nn.Linear(hidden // 2, hidden // 4),
+            nn.ReLU(),
+            nn.Linear(hidden // 4, num_atoms),
+        )
 
     def forward(self, obs, actions):
-        """Logits of shape (num_q, batch, num_atoms)."""
-        x = torch.cat([obs, actions], -1).expand(len(self.weights[0]), -1, -1)
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias, F.relu(x) if i else x, weight)
-        return x
+        return self.net(torch.cat([obs, actions], -1))
 
-    def expected(self, probs):
-        """The mean values of distributions over the atoms."""
-        return (probs * self.support).sum(-1)
+
+class Ensemble(nn.Module):
+    """Two networks from `make()`, built one after another, run as one: torch.vmap over their stacked parameters and
+    buffers."""
+
+    def __init__(self, make):
+        super().__init__()
+        members = [make() for _ in range(2)]
+        self.member = members[0]
+        from_modules(*members).to_module(self.member)
+
+    def forward(self, *inputs):
+        stacked = dict(self.member.named_parameters()) | dict(self.member.named_buffers())
+        return torch.vmap(lambda state: functional_call(self.member, state, inputs), randomness="different")(stacked)
 
 
 class ReplayBuffer:
@@ -248,7 +259,9 @@ class ReplayBuffer:
         env = torch.randint(self.rows.shape[1], (batch_size, 1), device=device)
         window = self.rows[(first + self.steps) % self.size, env]
         obs, actions, rewards, next_obs, terminations, ended = window.split(self.columns, -1)
-        counted = F.pad(torch.cumprod(1 - ended[:, :-1, 0], 1), (1, 0), value=1)  # no episode ended before the step
+        counted = nn.functional.pad(
+            torch.cumprod(1 - ended[:, :-1, 0], 1), (1, 0), value=1
+        )  # no episode ended before the step
         n = counted.sum(1)
         last = (n - 1).long()
         batch = torch.arange(batch_size, device=device)
@@ -283,7 +296,9 @@ def project(next_probs, rewards, bootstrap, discount, support):
     return projected.scatter_add_(-1, upper_index, next_probs * (b - lower))
 
 
-def critic_loss(obs, actions, rewards, next_obs, bootstrap, discount, *, actor, normalizer, qnet, target_qnet, args):
+def critic_loss(
+    obs, actions, rewards, next_obs, bootstrap, discount, *, actor, normalizer, qnet, target_qnet, support, args
+):
     """The critics' cross-entropy to the projected target distribution, summed over critics; with clipped double Q,
     each transition's target is that of the target critic with the lower mean."""
     obs, next_obs = normalizer(obs), normalizer(next_obs)
@@ -292,20 +307,24 @@ def critic_loss(obs, actions, rewards, next_obs, bootstrap, discount, *, actor, 
         next_actions = actor(next_obs)
         noise = (torch.randn_like(next_actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
         next_probs = target_qnet(next_obs, (next_actions + noise).clamp(-1, 1)).softmax(-1)
-        target = project(next_probs, rewards, bootstrap, discount, target_qnet.support)
-        target_values = target_qnet.expected(target)
+        target = project(next_probs, rewards, bootstrap, discount, support)
+        target_values = (target * support).sum(-1)
         if args.use_cdq:
             target = torch.where((target_values[0] < target_values[1])[:, None], target[0], target[1])
     loss = -(target * qnet(obs, actions).log_softmax(-1)).sum(-1).mean(-1).sum()
-    metrics = {"qf_loss": loss.detach(), "qf_max": target_values[0].max(), "qf_min": target_values[0].min()}
-    return loss, {**metrics, "buffer_rewards": rewards.mean()}
+    return loss, {
+        "qf_loss": loss.detach(),
+        "qf_max": target_values[0].max(),
+        "qf_min": target_values[0].min(),
+        "buffer_rewards": rewards.mean(),
+    }
 
 
-def actor_loss(obs, *, actor, normalizer, qnet_view, use_cdq):
+def actor_loss(obs, *, actor, normalizer, qnet_view, support, use_cdq):
     """The deterministic policy gradient through both critics (`qnet_view`, detached): the lower mean, or without
     clipped double Q their average."""
     obs = normalizer(obs)
-    values = qnet_view.expected(qnet_view(obs, actor(obs)).softmax(-1))
+    values = (qnet_view(obs, actor(obs)).softmax(-1) * support).sum(-1)
     loss = -(values.min(0).values if use_cdq else values.mean(0)).mean()
     return loss, {"actor_loss": loss.detach()}
 
@@ -320,10 +339,20 @@ def update(*batch, loss_fn, optimizer, autocast, **loss_args):
     return metrics
 
 
-def detached_view(module, like):
-    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
-    from_module(module).data.to_module(like)
-    return like.requires_grad_(False)
+def detached_view(module):
+    """`module` copied to the meta device, reading its weights shared and without grad."""
+    view = copy.deepcopy(module).to("meta")
+    from_module(module).data.to_module(view)
+    return view.requires_grad_(False)
+
+
+@torch.no_grad()
+def soft_update(target, online, tau):
+    """Parameters lerp'd by `tau`, buffers (BatchNorm's statistics) copied, as in SB3."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)
 
 
 def evaluate(actor, normalizer, args, device, video_folder):
@@ -366,14 +395,14 @@ if __name__ == "__main__":
     act_dim = math.prod(envs.single_action_space.shape)
     run.check_fits(args.buffer_size * args.num_envs * (2 * obs_dim + act_dim + 3) * 4, "--buffer-size")
 
-    critic = partial(DistributionalQEnsemble, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms)
     actor = Actor(obs_dim, act_dim, args.actor_hidden_dim).to(device)
-    qnet = critic(args.v_min, args.v_max).to(device)
-    target_qnet = critic(args.v_min, args.v_max).to(device).requires_grad_(False)
-    target_qnet.load_state_dict(qnet.state_dict())
+    critic = partial(DistributionalQNetwork, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms)
+    qnet = Ensemble(critic).to(device)
+    target_qnet = copy.deepcopy(qnet).requires_grad_(False)
+    support = torch.linspace(args.v_min, args.v_max, args.num_atoms, device=device)
     normalizer = EmpiricalNormalization(obs_dim, args.obs_normalization).to(device)
-    actor_view = detached_view(actor, Actor(obs_dim, act_dim, args.actor_hidden_dim).to("meta"))
-    qnet_view = detached_view(qnet, critic(args.v_min, args.v_max).to("meta"))
+    actor_view = detached_view(actor)
+    qnet_view = detached_view(qnet)
     # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
     adamw = partial(torch.optim.AdamW, weight_decay=args.weight_decay, fused=True, capturable=run.cudagraphs)
     q_optimizer = adamw(qnet.parameters(), lr=torch.tensor(args.critic_learning_rate, device=device))
@@ -387,8 +416,6 @@ if __name__ == "__main__":
         actor_optimizer=actor_optimizer,
     )
     run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
-    target_params = from_module(target_qnet)
-    online_params = from_module(qnet).data
 
     # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
@@ -406,6 +433,7 @@ if __name__ == "__main__":
         normalizer=normalizer,
         qnet=qnet,
         target_qnet=target_qnet,
+        support=support,
         args=args,
     )
     actor_step = partial(
@@ -416,6 +444,7 @@ if __name__ == "__main__":
         actor=actor,
         normalizer=normalizer,
         qnet_view=qnet_view,
+        support=support,
         use_cdq=args.use_cdq,
     )
     if run.cudagraphs:  # captured after the first calls (compilation, AdamW's state)
@@ -437,8 +466,9 @@ if __name__ == "__main__":
             global_step = iteration * args.num_envs
             if global_step >= args.learning_starts and critic_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
-            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
-            actions, noise_scales = policy_step(obs_tensor, ended, noise_scales)
+            actions, noise_scales = policy_step(
+                torch.as_tensor(obs, dtype=torch.float32, device=device), ended, noise_scales
+            )
             actions = actions.cpu().numpy()
             env_actions = to_env_actions(actions, envs.single_action_space)
             next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, env_actions)
@@ -452,7 +482,7 @@ if __name__ == "__main__":
                 for _ in range(args.num_updates):
                     batch = rb.sample(args.batch_size)
                     metrics.update(critic_step(*batch))
-                    target_params.lerp_(online_params, args.tau)
+                    soft_update(target_qnet, qnet, args.tau)
                     critic_updates += 1
                     if critic_updates % args.policy_frequency == 0:  # on the batch the critics just learned from
                         metrics.update(actor_step(batch[0]))
@@ -468,5 +498,4 @@ if __name__ == "__main__":
         "amp_active": amp,
         "compiled_pieces": ["actor_loss", "critic_loss", "policy"] if args.compile else [],
     }
-    evaluation = partial(evaluate, actor_view, normalizer, args, device, run.video_folder)
-    sys.exit(run.evaluate_and_write(evaluation, summary))
+    sys.exit(run.evaluate_and_write(partial(evaluate, actor_view, normalizer, args, device, run.video_folder), summary))

@@ -147,18 +147,18 @@ class QNetwork(nn.Module):
 
 
 class Ensemble(nn.Module):
-    """`num` networks from `make()`, built one after another, run as one: torch.vmap over their stacked parameters
-    and buffers."""
+    """Two networks from `make()`, built one after another, run as one: torch.vmap over their stacked parameters and
+    buffers."""
 
-    def __init__(self, make, num=2):
+    def __init__(self, make):
         super().__init__()
-        members = [make() for _ in range(num)]
+        members = [make() for _ in range(2)]
         self.member = members[0]
         from_modules(*members).to_module(self.member)
 
     def forward(self, *inputs):
-        state = dict(self.member.named_parameters()) | dict(self.member.named_buffers())
-        return torch.vmap(lambda member: functional_call(self.member, member, inputs), randomness="different")(state)
+        stacked = dict(self.member.named_parameters()) | dict(self.member.named_buffers())
+        return torch.vmap(lambda state: functional_call(self.member, state, inputs), randomness="different")(stacked)
 
 
 class ReplayBuffer:
