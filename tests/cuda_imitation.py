@@ -91,6 +91,13 @@ def attribute(namespace, path):
     return reduce(getattr, rest, namespace[first])
 
 
+def learner_weights(namespace, path):
+    """The weights of the learner at `path`; `path[k]` names member k of an ensemble's stacked weights."""
+    path, _, member = path.partition("[")
+    weights = weights_used(attribute(namespace, path))
+    return {name: value[int(member[:-1])] for name, value in weights.items()} if member else weights
+
+
 def weights_used(module):
     """The tensors a module's forward reads: its parameters and buffers, and an RNN's flat weights."""
     found = dict(module.state_dict(keep_vars=True))
@@ -122,7 +129,7 @@ if __name__ == "__main__":
 
         def start_and_note(run, *args, **kwargs):  # the learners' weights as the run starts
             namespace = sys.modules["__main__"].__dict__
-            started.update({learner: weights_used(attribute(namespace, learner)) for _, learner in pairs})
+            started.update({learner: learner_weights(namespace, learner) for _, learner in pairs})
             return real_start(run, *args, **kwargs)
 
         run_bookkeeping.Run.start = start_and_note
@@ -140,7 +147,7 @@ if __name__ == "__main__":
     except SystemExit as exit:
         code = exit.code
     for view_path, learner_path in pairs:
-        view, learner = weights_used(attribute(namespace, view_path)), weights_used(attribute(namespace, learner_path))
+        view, learner = weights_used(attribute(namespace, view_path)), learner_weights(namespace, learner_path)
         shared = [name for name in view if name in learner]
         before = started.get(learner_path)  # none without a Run
         changed = before and any(not torch.equal(learner[name], before[name]) for name in learner)
