@@ -7,6 +7,7 @@ on the device; bf16 autocast and compiled updates. Cost: its defaults are sized 
     python leanrl_scripts/fast_td3.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import copy
 import math
 import sys
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
@@ -186,28 +186,34 @@ class Actor(nn.Module):
         return self.net(obs)
 
 
-class DistributionalQEnsemble(nn.Module):
-    """`num_q` critics, each the logits of Q(s, a)'s distribution over `num_atoms` values from v_min to v_max (C51);
-    weights stacked, a layer is one batched matmul."""
+class DistributionalQNetwork(nn.Module):
+    """The logits of Q(s, a)'s distribution over the atoms (C51)."""
 
-    def __init__(self, obs_dim, act_dim, hidden, num_atoms, v_min, v_max, num_q=2):
+    def __init__(self, obs_dim, act_dim, hidden, num_atoms):
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden // 2, hidden // 4, num_atoms]
-        layers = [[nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes, sizes[1:])] for _ in range(num_q)]
-        self.weights = nn.ParameterList(torch.stack([net[i].weight.T for net in layers]) for i in range(4))
-        self.biases = nn.ParameterList(torch.stack([net[i].bias[None] for net in layers]) for i in range(4))
-        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim + act_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden // 2),
+            nn.ReLU(),
+            nn.Linear(hidden // 2, hidden // 4),
+            nn.ReLU(),
+            nn.Linear(hidden // 4, num_atoms),
+        )
 
     def forward(self, obs, actions):
-        """Logits of shape (num_q, batch, num_atoms)."""
-        x = torch.cat([obs, actions], -1).expand(len(self.weights[0]), -1, -1)
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias, F.relu(x) if i else x, weight)
-        return x
+        return self.net(torch.cat([obs, actions], -1))
 
-    def expected(self, probs):
-        """The mean values of distributions over the atoms."""
-        return (probs * self.support).sum(-1)
+
+class Ensemble(nn.Module):
+    """Two networks from `make()`, each its own initial weights, called as one: outputs stacked."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.members = nn.ModuleList(make() for _ in range(2))
+
+    def forward(self, *inputs):
+        return torch.stack([member(*inputs) for member in self.members])
 
 
 class ReplayBuffer:
@@ -239,7 +245,9 @@ class ReplayBuffer:
         env = torch.randint(self.rows.shape[1], (batch_size, 1), device=device)
         window = self.rows[(first + self.steps) % self.size, env]
         obs, actions, rewards, next_obs, terminations, ended = window.split(self.columns, -1)
-        counted = F.pad(torch.cumprod(1 - ended[:, :-1, 0], 1), (1, 0), value=1)  # no episode ended before the step
+        counted = nn.functional.pad(
+            torch.cumprod(1 - ended[:, :-1, 0], 1), (1, 0), value=1
+        )  # no episode ended before the step
         n = counted.sum(1)
         last = (n - 1).long()
         batch = torch.arange(batch_size, device=device)
@@ -279,7 +287,9 @@ def project(next_probs, rewards, bootstrap, discount, support):
     return projected.scatter_add_(-1, upper_index, next_probs * (b - lower))
 
 
-def critic_loss(obs, actions, rewards, next_obs, bootstrap, discount, *, actor, normalizer, qnet, target_qnet, args):
+def critic_loss(
+    obs, actions, rewards, next_obs, bootstrap, discount, *, actor, normalizer, qnet, target_qnet, support, args
+):
     """The critics' cross-entropy to the projected target distribution, summed over critics; with clipped double Q,
     each transition's target is that of the target critic with the lower mean."""
     obs, next_obs = normalizer(obs), normalizer(next_obs)
@@ -288,38 +298,66 @@ def critic_loss(obs, actions, rewards, next_obs, bootstrap, discount, *, actor, 
         next_actions = actor(next_obs)
         noise = (torch.randn_like(next_actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
         next_probs = target_qnet(next_obs, (next_actions + noise).clamp(-1, 1)).softmax(-1)
-        target = project(next_probs, rewards, bootstrap, discount, target_qnet.support)
-        target_values = target_qnet.expected(target)
+        target = project(next_probs, rewards, bootstrap, discount, support)
+        target_values = (target * support).sum(-1)
         if args.use_cdq:
             target = torch.where((target_values[0] < target_values[1])[:, None], target[0], target[1])
     loss = -(target * qnet(obs, actions).log_softmax(-1)).sum(-1).mean(-1).sum()
-    metrics = {"qf_loss": loss.detach(), "qf_max": target_values[0].max(), "qf_min": target_values[0].min()}
-    return loss, {**metrics, "buffer_rewards": rewards.mean()}
+    return loss, {
+        "qf_loss": loss.detach(),
+        "qf_max": target_values[0].max(),
+        "qf_min": target_values[0].min(),
+        "buffer_rewards": rewards.mean(),
+    }
 
 
-def actor_loss(obs, *, actor, normalizer, qnet_view, use_cdq):
+def actor_loss(obs, *, actor, normalizer, qnet_view, support, use_cdq):
     """The deterministic policy gradient through both critics (`qnet_view`, detached): the lower mean, or without
     clipped double Q their average."""
     obs = normalizer(obs)
-    values = qnet_view.expected(qnet_view(obs, actor(obs)).softmax(-1))
+    values = (qnet_view(obs, actor(obs)).softmax(-1) * support).sum(-1)
     loss = -(values.min(0).values if use_cdq else values.mean(0)).mean()
     return loss, {"actor_loss": loss.detach()}
 
 
-def update(*batch, loss_fn, optimizer, autocast, **loss_args):
-    """One gradient step on `loss_fn` (the compiled piece, under `autocast`); backward and AdamW run outside it."""
+def update_critics(*batch, loss_fn, actor, normalizer, qnet, target_qnet, support, args, optimizer, autocast):
+    """One step of the critics on `loss_fn` (critic_loss), under `autocast`."""
     with autocast:
-        loss, metrics = loss_fn(*batch, **loss_args)
+        loss, metrics = loss_fn(
+            *batch, actor=actor, normalizer=normalizer, qnet=qnet, target_qnet=target_qnet, support=support, args=args
+        )
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
     return metrics
 
 
-def detached_view(module, like):
-    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
-    from_module(module).data.to_module(like)
-    return like.requires_grad_(False)
+def update_actor(obs, *, loss_fn, actor, normalizer, qnet_view, support, use_cdq, optimizer, autocast):
+    """One step of the actor on `loss_fn` (actor_loss), under `autocast`."""
+    with autocast:
+        loss, metrics = loss_fn(
+            obs, actor=actor, normalizer=normalizer, qnet_view=qnet_view, support=support, use_cdq=use_cdq
+        )
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return metrics
+
+
+def detached_view(module):
+    """`module` copied to the meta device, reading its weights shared and without grad."""
+    view = copy.deepcopy(module).to("meta")
+    from_module(module).data.to_module(view)
+    return view.requires_grad_(False)
+
+
+@torch.no_grad()
+def soft_update(target, online, tau):
+    """Parameters lerp'd by `tau`, buffers (BatchNorm statistics) copied, as SB3 does."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)
 
 
 def evaluate(actor, normalizer, args, device, video_folder):
@@ -361,16 +399,15 @@ if __name__ == "__main__":
     act_dim = math.prod(envs.single_action_space.shape)
     run.check_fits(args.buffer_size * args.num_envs * (2 * obs_dim + act_dim + 3) * 4, "--buffer-size")
 
-    critic = partial(
-        DistributionalQEnsemble, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms, args.v_min, args.v_max
-    )
     actor = Actor(obs_dim, act_dim, args.actor_hidden_dim).to(device)
-    qnet = critic().to(device)
-    target_qnet = critic().to(device).requires_grad_(False)
-    target_qnet.load_state_dict(qnet.state_dict())
+    qnet = Ensemble(partial(DistributionalQNetwork, obs_dim, act_dim, args.critic_hidden_dim, args.num_atoms)).to(
+        device
+    )
+    target_qnet = copy.deepcopy(qnet).requires_grad_(False)
+    support = torch.linspace(args.v_min, args.v_max, args.num_atoms, device=device)
     normalizer = EmpiricalNormalization(obs_dim, args.obs_normalization).to(device)
-    actor_view = detached_view(actor, Actor(obs_dim, act_dim, args.actor_hidden_dim).to("meta"))
-    qnet_view = detached_view(qnet, critic().to("meta"))
+    actor_view = detached_view(actor)
+    qnet_view = detached_view(qnet)
     # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
     adamw = partial(torch.optim.AdamW, weight_decay=args.weight_decay, fused=True, capturable=run.cudagraphs)
     q_optimizer = adamw(qnet.parameters(), lr=torch.tensor(args.critic_learning_rate, device=device))
@@ -384,8 +421,6 @@ if __name__ == "__main__":
         actor_optimizer=actor_optimizer,
     )
     run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
-    target_params = from_module(target_qnet)
-    online_params = from_module(qnet).data
 
     # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
@@ -393,7 +428,7 @@ if __name__ == "__main__":
     amp = args.amp and device.type == "cuda"
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=amp)
     critic_step = partial(
-        update,
+        update_critics,
         loss_fn=maybe_compile(critic_loss),
         optimizer=q_optimizer,
         autocast=autocast,
@@ -401,16 +436,18 @@ if __name__ == "__main__":
         normalizer=normalizer,
         qnet=qnet,
         target_qnet=target_qnet,
+        support=support,
         args=args,
     )
     actor_step = partial(
-        update,
+        update_actor,
         loss_fn=maybe_compile(actor_loss),
         optimizer=actor_optimizer,
         autocast=autocast,
         actor=actor,
         normalizer=normalizer,
         qnet_view=qnet_view,
+        support=support,
         use_cdq=args.use_cdq,
     )
     if run.cudagraphs:  # captured after the first calls (compilation, AdamW's state)
@@ -448,7 +485,7 @@ if __name__ == "__main__":
                 for i in range(args.num_updates):
                     batch = rb.sample(args.batch_size)
                     metrics.update(critic_step(*batch))
-                    target_params.lerp_(online_params, args.tau)
+                    soft_update(target_qnet, qnet, args.tau)
                     critic_updates += 1
                     # FastTD3's: a step's updates 2, f+2, ... (each at f=1); one a step: each f-th step
                     if (i - 1 if args.num_updates > 1 else iteration) % args.policy_frequency == 0:

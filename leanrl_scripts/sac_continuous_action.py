@@ -1,10 +1,11 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) for continuous actions, one file.
 
-Speed: the twin critics are one ensemble over stacked weights (one batched matmul per layer), the replay buffer is
+Speed: the twin critics are one vmapped ensemble (one batched matmul per layer), the replay buffer is
 one device tensor, and the pieces take torch.compile and CUDA graphs. Cost: plain tensors in and out, no TensorDicts.
     python leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import copy
 import math
 import sys
 from dataclasses import dataclass
@@ -14,7 +15,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
@@ -129,28 +129,33 @@ class Actor(nn.Module):
         # log(1 - tanh(u)^2) as 2 (log 2 - u - softplus(-2u)): stable without an epsilon, and no torch.distributions
         # argument checks (host syncs)
         log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-        log_prob = log_prob - 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh)) - self.action_scale.log()
+        log_prob = (
+            log_prob - 2 * (math.log(2) - pre_tanh - nn.functional.softplus(-2 * pre_tanh)) - self.action_scale.log()
+        )
         action = torch.tanh(pre_tanh) * self.action_scale + self.action_bias
         return action, log_prob.sum(-1), torch.tanh(mean) * self.action_scale + self.action_bias
 
 
-class QEnsemble(nn.Module):
-    """`num_q` critics Q(s, a), their weights stacked: each layer is one batched matmul for all (torch.vmap's result,
-    without its compile cost on a CPU)."""
-
-    def __init__(self, obs_dim, act_dim, num_q=2, hidden=256):
+class SoftQNetwork(nn.Module):
+    def __init__(self, obs_dim, act_dim):
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden, 1]
-        layers = [[nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes, sizes[1:])] for _ in range(num_q)]
-        self.weights = nn.ParameterList(torch.stack([net[i].weight.T for net in layers]) for i in range(3))
-        self.biases = nn.ParameterList(torch.stack([net[i].bias[None] for net in layers]) for i in range(3))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim + act_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)
+        )
 
     def forward(self, obs, actions):
-        """Q-values of shape (num_q, batch)."""
-        x = torch.cat([obs, actions], -1).expand(len(self.weights[0]), -1, -1)
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias, F.relu(x) if i else x, weight)
-        return x.squeeze(-1)
+        return self.net(torch.cat([obs, actions], -1)).squeeze(-1)
+
+
+class Ensemble(nn.Module):
+    """Two networks from `make()`, each its own initial weights, called as one: their outputs stacked."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.members = nn.ModuleList(make() for _ in range(2))
+
+    def forward(self, *inputs):
+        return torch.stack([member(*inputs) for member in self.members])
 
 
 class ReplayBuffer:
@@ -209,24 +214,44 @@ def actor_loss(obs, *, actor, qnet_view, alpha, log_alpha, target_entropy):
     return loss, metrics
 
 
-def update(*batch, loss_fn, optimizers, **loss_args):
-    """One gradient step of every optimizer on `loss_fn` (the compiled piece; backward and Adam run outside it). With
-    `log_alpha`, the entropy coefficient follows the stepped log_alpha, in place."""
-    loss, metrics = loss_fn(*batch, **loss_args)
+def update_critics(*batch, loss_fn, actor, qnet, target_qnet, alpha, gamma, optimizer):
+    """One step of the critics on `loss_fn`, the compiled critic_loss."""
+    loss, metrics = loss_fn(*batch, actor=actor, qnet=qnet, target_qnet=target_qnet, alpha=alpha, gamma=gamma)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return metrics
+
+
+def update_actor(obs, *, loss_fn, actor, qnet_view, alpha, log_alpha, target_entropy, optimizers):
+    """One step of the actor (and, autotuned, of alpha) on `loss_fn`, the compiled actor_loss; alpha follows
+    log_alpha in place."""
+    loss, metrics = loss_fn(
+        obs, actor=actor, qnet_view=qnet_view, alpha=alpha, log_alpha=log_alpha, target_entropy=target_entropy
+    )
     for optimizer in optimizers:
         optimizer.zero_grad()
     loss.backward()
     for optimizer in optimizers:
         optimizer.step()
-    if "log_alpha" in loss_args:
-        loss_args["alpha"].copy_(loss_args["log_alpha"].detach().exp())
+    alpha.copy_(log_alpha.detach().exp())
     return metrics
 
 
-def detached_view(module, like):
-    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
-    from_module(module).data.to_module(like)
-    return like.requires_grad_(False)
+def detached_view(module):
+    """`module` copied to the meta device, reading its weights shared and without grad."""
+    view = copy.deepcopy(module).to("meta")
+    from_module(module).data.to_module(view)
+    return view.requires_grad_(False)
+
+
+@torch.no_grad()
+def soft_update(target, online, tau):
+    """Parameters lerp'd by `tau`, buffers (BatchNorm's statistics) copied, as in SB3."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)
 
 
 def evaluate(actor, args, device, video_folder):
@@ -261,23 +286,27 @@ if __name__ == "__main__":
     run.check_fits(args.buffer_size * (2 * obs_dim + act_dim + 2) * 4, "--buffer-size")
 
     actor = Actor(obs_dim, envs.single_action_space).to(device)
-    qnet = QEnsemble(obs_dim, act_dim).to(device)
-    target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
-    target_qnet.load_state_dict(qnet.state_dict())
+    qnet = Ensemble(partial(SoftQNetwork, obs_dim, act_dim)).to(device)
+    target_qnet = copy.deepcopy(qnet).requires_grad_(False)
     # autotuned, alpha starts at 1.0, as in CleanRL's and SB3's SAC
     log_alpha = torch.tensor(0.0, device=device, requires_grad=args.autotune)
-    target_params = from_module(target_qnet)
-    online_params = from_module(qnet).data
-    actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
-    qnet_view = detached_view(qnet, QEnsemble(obs_dim, act_dim).to("meta"))
+    actor_view = detached_view(actor)
+    qnet_view = detached_view(qnet)
     # Tensor learning rates and capturable state let CUDA graphs replay the optimizer step.
     adam = partial(torch.optim.Adam, fused=True, capturable=run.cudagraphs)
     q_optimizer = adam(qnet.parameters(), lr=torch.tensor(args.q_lr, device=device))
     actor_optimizer = adam(actor.parameters(), lr=torch.tensor(args.policy_lr, device=device))
     # alpha's optimizer steps only when autotuned; checkpoints hold it either way
     alpha_optimizer = adam([log_alpha], lr=torch.tensor(args.q_lr, device=device))
-    states = dict(actor=actor, qnet=qnet, target_qnet=target_qnet, q_optimizer=q_optimizer)
-    states.update(actor_optimizer=actor_optimizer, alpha_optimizer=alpha_optimizer, log_alpha=log_alpha)
+    states = dict(
+        actor=actor,
+        qnet=qnet,
+        target_qnet=target_qnet,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        alpha_optimizer=alpha_optimizer,
+        log_alpha=log_alpha,
+    )
     loaded = run.save_and_load(states, obs_dim=obs_dim, act_dim=act_dim)
     if not args.autotune:  # a fixed alpha is the flag's, whatever a checkpoint held
         log_alpha.fill_(math.log(args.alpha))
@@ -287,9 +316,9 @@ if __name__ == "__main__":
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), actor=actor_view)
     critic_step = partial(
-        update,
+        update_critics,
         loss_fn=maybe_compile(critic_loss),
-        optimizers=[q_optimizer],
+        optimizer=q_optimizer,
         actor=actor,
         qnet=qnet,
         target_qnet=target_qnet,
@@ -298,7 +327,7 @@ if __name__ == "__main__":
     )
     actor_optimizers = [actor_optimizer, alpha_optimizer] if args.autotune else [actor_optimizer]
     actor_step = partial(
-        update,
+        update_actor,
         loss_fn=maybe_compile(actor_loss),
         optimizers=actor_optimizers,
         actor=actor,
@@ -341,7 +370,7 @@ if __name__ == "__main__":
                     for _ in range(args.policy_frequency):
                         metrics.update(actor_step(batch[0]))
                 if num_updates % args.target_network_frequency == 0:
-                    target_params.lerp_(online_params, args.tau)
+                    soft_update(target_qnet, qnet, args.tau)
             if iteration % LOG_EVERY == 0:
                 run.log(global_step, {**metrics, "alpha": alpha} if metrics else {})
         global_step = num_iterations * args.num_envs

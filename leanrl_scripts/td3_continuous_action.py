@@ -1,12 +1,12 @@
 """Twin Delayed DDPG (TD3, Fujimoto et al. 2018) for continuous actions, one file.
 
-Speed: the twin critics are one ensemble over stacked weights (one batched matmul per layer), the replay
-buffer is one preallocated device tensor, both target networks move in one in-place lerp, and the update,
-the policy step and the actor step can be wrapped in torch.compile and CUDA graphs. Cost: plain tensors
-in and out of the pieces, no TensorDicts.
+Speed: the twin critics are one vmapped ensemble of a plain critic (one batched matmul per layer), the replay
+buffer is one preallocated device tensor, and the update, the policy step and the actor step can be wrapped in
+torch.compile and CUDA graphs. Cost: plain tensors in and out of the pieces, no TensorDicts.
     python leanrl_scripts/td3_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
+import copy
 import math
 import sys
 from dataclasses import dataclass
@@ -16,9 +16,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
-from tensordict import TensorDict, from_module
+from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 
 from run_bookkeeping import Flag, Run, RunArgs, check_spaces, fail, stop_if_signalled
@@ -126,23 +125,26 @@ class Actor(nn.Module):
         return (actions + noise).clamp(self.action_bias - self.action_scale, self.action_bias + self.action_scale)
 
 
-class QEnsemble(nn.Module):
-    """`num_q` critics Q(s, a), their weights stacked: each layer is one batched matmul for all (torch.vmap's result,
-    without its compile cost on a CPU)."""
-
-    def __init__(self, obs_dim, act_dim, num_q=2, hidden=256):
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim, act_dim):
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden, 1]
-        layers = [[nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes, sizes[1:])] for _ in range(num_q)]
-        self.weights = nn.ParameterList(torch.stack([net[i].weight.T for net in layers]) for i in range(3))
-        self.biases = nn.ParameterList(torch.stack([net[i].bias[None] for net in layers]) for i in range(3))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim + act_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)
+        )
 
-    def forward(self, obs, actions, num_critics=None):
-        """Q-values of shape (num_critics, batch), of the first `num_critics` critics (default: all)."""
-        x = torch.cat([obs, actions], -1).expand(len(self.weights[0][:num_critics]), -1, -1)
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias[:num_critics], F.relu(x) if i else x, weight[:num_critics])
-        return x.squeeze(-1)
+    def forward(self, obs, actions):
+        return self.net(torch.cat([obs, actions], -1)).squeeze(-1)
+
+
+class Ensemble(nn.Module):
+    """Two networks from `make()`, each its own initial weights, called as one: their outputs stacked."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.members = nn.ModuleList(make() for _ in range(2))
+
+    def forward(self, *inputs):
+        return torch.stack([member(*inputs) for member in self.members])
 
 
 class ReplayBuffer:
@@ -192,24 +194,43 @@ def critic_loss(obs, actions, rewards, next_obs, terminations, *, target_actor, 
 
 
 def actor_loss(obs, *, actor, qnet_view):
-    """Deterministic policy gradient through the first critic; `qnet_view` reads the critics detached."""
-    loss = -qnet_view(obs, actor(obs), num_critics=1).mean()
+    """Deterministic policy gradient through the first critic; `qnet_view` reads it detached."""
+    loss = -qnet_view(obs, actor(obs)).mean()
     return loss, {"actor_loss": loss.detach()}
 
 
-def update(*batch, loss_fn, optimizer, **loss_args):
-    """One gradient step on `loss_fn` (the compiled piece; backward and Adam run outside it)."""
-    loss, metrics = loss_fn(*batch, **loss_args)
+def update_critics(*batch, loss_fn, target_actor, qnet, target_qnet, args, optimizer):
+    """One step of the critics on `loss_fn`, the compiled critic_loss."""
+    loss, metrics = loss_fn(*batch, target_actor=target_actor, qnet=qnet, target_qnet=target_qnet, args=args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
     return metrics
 
 
-def detached_view(module, like):
-    """`like` (built on the meta device) reads `module`'s weights, shared and without grad."""
-    from_module(module).data.to_module(like)
-    return like.requires_grad_(False)
+def update_actor(obs, *, loss_fn, actor, qnet_view, optimizer):
+    """One step of the actor on `loss_fn`, the compiled actor_loss."""
+    loss, metrics = loss_fn(obs, actor=actor, qnet_view=qnet_view)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return metrics
+
+
+def detached_view(module):
+    """`module` copied to the meta device, reading its weights shared and without grad."""
+    view = copy.deepcopy(module).to("meta")
+    from_module(module).data.to_module(view)
+    return view.requires_grad_(False)
+
+
+@torch.no_grad()
+def soft_update(target, online, tau):
+    """Parameters lerp'd by `tau`, buffers (BatchNorm's statistics) copied, as in SB3."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)
 
 
 def evaluate(actor, args, device, video_folder):
@@ -244,15 +265,11 @@ if __name__ == "__main__":
     run.check_fits(args.buffer_size * (2 * obs_dim + act_dim + 2) * 4, "--buffer-size")
 
     actor = Actor(obs_dim, envs.single_action_space).to(device)
-    target_actor = Actor(obs_dim, envs.single_action_space).to(device).requires_grad_(False)
-    qnet = QEnsemble(obs_dim, act_dim).to(device)
-    target_qnet = QEnsemble(obs_dim, act_dim).to(device).requires_grad_(False)
-    target_actor.load_state_dict(actor.state_dict())
-    target_qnet.load_state_dict(qnet.state_dict())
-    target_params = TensorDict(actor=from_module(target_actor), qnet=from_module(target_qnet))
-    online_params = TensorDict(actor=from_module(actor), qnet=from_module(qnet)).data
-    actor_view = detached_view(actor, Actor(obs_dim, envs.single_action_space).to("meta"))
-    qnet_view = detached_view(qnet, QEnsemble(obs_dim, act_dim).to("meta"))
+    target_actor = copy.deepcopy(actor).requires_grad_(False)
+    qnet = Ensemble(partial(QNetwork, obs_dim, act_dim)).to(device)
+    target_qnet = copy.deepcopy(qnet).requires_grad_(False)
+    actor_view = detached_view(actor)
+    qnet_view = detached_view(qnet.members[0])  # the first critic alone
     # A tensor learning rate and capturable state let CUDA graphs replay the optimizer step.
     learning_rate = torch.tensor(args.learning_rate, device=device)
     adam = partial(torch.optim.Adam, lr=learning_rate, fused=True, capturable=run.cudagraphs)
@@ -272,7 +289,7 @@ if __name__ == "__main__":
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), actor=actor_view, exploration_noise=args.exploration_noise)
     critic_step = partial(
-        update,
+        update_critics,
         loss_fn=maybe_compile(critic_loss),
         optimizer=q_optimizer,
         target_actor=target_actor,
@@ -281,7 +298,7 @@ if __name__ == "__main__":
         args=args,
     )
     actor_step = partial(
-        update, loss_fn=maybe_compile(actor_loss), optimizer=actor_optimizer, actor=actor, qnet_view=qnet_view
+        update_actor, loss_fn=maybe_compile(actor_loss), optimizer=actor_optimizer, actor=actor, qnet_view=qnet_view
     )
     if run.cudagraphs:  # captured after the first calls (compilation, Adam's state)
         graphed = partial(CudaGraphModule, warmup=5)
@@ -315,7 +332,8 @@ if __name__ == "__main__":
                 num_updates += 1
                 if num_updates % args.policy_frequency == 0:
                     metrics.update(actor_step(batch[0]))
-                    target_params.lerp_(online_params, args.tau)
+                    soft_update(target_actor, actor, args.tau)
+                    soft_update(target_qnet, qnet, args.tau)
             if iteration % LOG_EVERY == 0:
                 run.log(global_step, metrics)
         global_step = num_iterations * args.num_envs

@@ -33,8 +33,18 @@ def target_network_is_kept(summary):
     return checkpoint["target_network"].keys() == checkpoint["q_network"].keys()
 
 
+def critics_have_layer_norms(summary):
+    checkpoint = torch.load(os.path.join(summary["run_dir"], "model.pt"), weights_only=True)
+    norms = [name for name in checkpoint["qnet"] if name.endswith("net.1.weight") or name.endswith("net.4.weight")]
+    return len(norms) == 4 and all(checkpoint["qnet"][name].shape == (256,) for name in norms)
+
+
 # Per changed script: a tiny run of it, and what its run shows of the change
 RUNS = {
+    "sac_continuous_action.py": (
+        [*PENDULUM, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 64, "--save-model"],
+        critics_have_layer_norms,
+    ),
     "ppo_continuous_action.py": (
         [*PENDULUM, "--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
         kl_penalty_is_logged,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from checks import assert_compiled_as_designed
-from script_runs import SCRIPTS, run_script
+from script_runs import SCRIPTS, load_script, run_script
 from test_cuda_paths import NO_BLOCKING_COPIES, RUNS, imitated_run
 from test_host_syncs import CASES, PROBE
 
@@ -87,3 +87,20 @@ def test_no_host_sync_in_the_pieces_on_the_gpu(script, tmp_path):
     _, proc = run_script(PROBE, args, tmp_path, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(log.read_text()) == {piece: [] for piece in pieces}
+
+
+def test_fast_td3s_ensemble_runs_under_bf16_autocast_as_its_critics_do():
+    """The updates' autocast reaches inside the ensemble's critics on CUDA: bf16 logits, as each plain critic gives
+    alone."""
+    module = load_script("fast_td3.py")
+    torch.manual_seed(0)
+    qnet = module.Ensemble(lambda: module.DistributionalQNetwork(5, 3, 64, 11)).cuda()
+    critics = [module.DistributionalQNetwork(5, 3, 64, 11).cuda() for _ in range(2)]
+    for member, critic in zip(qnet.members, critics):
+        critic.load_state_dict(member.state_dict())
+    obs, actions = torch.randn(32, 5, device="cuda"), torch.rand(32, 3, device="cuda") * 2 - 1
+    with torch.autocast("cuda", torch.bfloat16):
+        logits = qnet(obs, actions)
+        expected = torch.stack([critic(obs, actions) for critic in critics])
+    assert logits.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(logits, expected, atol=2e-2, rtol=2e-2)

@@ -35,7 +35,8 @@ RUNS = {
     # the actor process acts with a shared CPU copy, written after every update with --actor-sync-every 1
     "dqn_atari_async.py": ([*CARTPOLE, "--batch-size", 64, "--actor-sync-every", 1], {"actor.q_network": "q_network"}),
     "sac_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),
-    "td3_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),
+    # TD3's actor reads the first critic alone
+    "td3_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet.members.0"}),
     "fast_td3.py": (
         [*PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
         {"actor_view": "actor", "qnet_view": "qnet"},

@@ -27,6 +27,7 @@ from script_runs import load_script, run_script, shared_run
 
 SCRIPT = "fast_td3.py"
 OBS_DIM, ACT_DIM, BATCH, ATOMS = 5, 3, 32, 11
+SUPPORT = torch.linspace(-10, 10, ATOMS)
 ARGS = SimpleNamespace(policy_noise=0.2, noise_clip=0.5, use_cdq=True)
 SMALL = ["--critic-hidden-dim", 64, "--actor-hidden-dim", 32]
 # 2 Pendulum envs, each one whole episode: updates follow the vector steps begun past 200 env steps (101-199 of
@@ -61,8 +62,8 @@ def networks(seed=0):
     module = load_script(SCRIPT)
     torch.manual_seed(seed)
     actor = module.Actor(OBS_DIM, ACT_DIM, 32)
-    qnet = module.DistributionalQEnsemble(OBS_DIM, ACT_DIM, 64, ATOMS, -10.0, 10.0)
-    target_qnet = module.DistributionalQEnsemble(OBS_DIM, ACT_DIM, 64, ATOMS, -10.0, 10.0)
+    qnet = module.Ensemble(partial(module.DistributionalQNetwork, OBS_DIM, ACT_DIM, 64, ATOMS))
+    target_qnet = module.Ensemble(partial(module.DistributionalQNetwork, OBS_DIM, ACT_DIM, 64, ATOMS))
     normalizer = module.EmpiricalNormalization(OBS_DIM)
     normalizer.update(torch.randn(100, OBS_DIM) * 3 + 1)
     return module, actor, qnet, target_qnet, normalizer
@@ -79,8 +80,9 @@ def make_batch(seed=0):
 def plain_critic(qnet, k, obs, actions):
     """Critic k of the ensemble as separate layers: its logits."""
     x = torch.cat([obs, actions], -1)
-    for i, (weight, bias) in enumerate(zip(qnet.weights, qnet.biases)):
-        x = (torch.relu(x) if i else x) @ weight[k] + bias[k, 0]
+    linears = [layer for layer in qnet.members[k].net if isinstance(layer, torch.nn.Linear)]
+    for i, linear in enumerate(linears):
+        x = (torch.relu(x) if i else x) @ linear.weight.T + linear.bias
     return x
 
 
@@ -91,7 +93,7 @@ def test_critic_loss_is_the_cross_entropy_to_the_lower_target_critics_projection
     args = SimpleNamespace(**{**vars(ARGS), "use_cdq": use_cdq})
     torch.manual_seed(7)
     loss, metrics = module.critic_loss(
-        *batch, actor=actor, normalizer=normalizer, qnet=qnet, target_qnet=target_qnet, args=args
+        *batch, actor=actor, normalizer=normalizer, qnet=qnet, target_qnet=target_qnet, support=SUPPORT, args=args
     )
     torch.manual_seed(7)
     support = torch.linspace(-10, 10, ATOMS)
@@ -125,13 +127,11 @@ def test_critic_loss_is_the_cross_entropy_to_the_lower_target_critics_projection
 def test_actor_loss_takes_the_lower_critic_and_leaves_the_critics_untouched():
     module, actor, qnet, _, normalizer = networks()
     obs = make_batch()[0]
-    view = module.detached_view(
-        qnet, module.DistributionalQEnsemble(OBS_DIM, ACT_DIM, 64, ATOMS, -10.0, 10.0).to("meta")
-    )
-    loss, _ = module.actor_loss(obs, actor=actor, normalizer=normalizer, qnet_view=view, use_cdq=True)
+    view = module.detached_view(qnet)
+    loss, _ = module.actor_loss(obs, actor=actor, normalizer=normalizer, qnet_view=view, support=SUPPORT, use_cdq=True)
     obs_n = normalizer(obs)
     with torch.no_grad():
-        values = [(plain_critic(qnet, k, obs_n, actor(obs_n)).softmax(-1) * qnet.support).sum(-1) for k in range(2)]
+        values = [(plain_critic(qnet, k, obs_n, actor(obs_n)).softmax(-1) * SUPPORT).sum(-1) for k in range(2)]
     torch.testing.assert_close(loss.detach(), -torch.minimum(*values).mean())
     loss.backward()
     assert all(p.grad is None for p in qnet.parameters()) and all(p.grad is not None for p in actor.parameters())
@@ -193,16 +193,14 @@ def test_sped_up_updates_equal_eager_ones(flags):
     sides = []
     for compiled, graphed in ((False, False), flags):
         _, actor, qnet, target_qnet, normalizer = networks()
-        view = module.detached_view(
-            qnet, module.DistributionalQEnsemble(OBS_DIM, ACT_DIM, 64, ATOMS, -10.0, 10.0).to("meta")
-        )
+        view = module.detached_view(qnet)
         critic_loss, actor_loss = (
             torch.compile(f, disable=not compiled) for f in (module.critic_loss, module.actor_loss)
         )
         adamw = partial(torch.optim.AdamW, weight_decay=0.1, lr=torch.tensor(1e-3))
         autocast = torch.autocast("cpu", enabled=False)
         critic_step = partial(
-            module.update,
+            module.update_critics,
             loss_fn=critic_loss,
             optimizer=adamw(qnet.parameters()),
             autocast=autocast,
@@ -210,16 +208,18 @@ def test_sped_up_updates_equal_eager_ones(flags):
             normalizer=normalizer,
             qnet=qnet,
             target_qnet=target_qnet,
+            support=SUPPORT,
             args=ARGS,
         )
         actor_step = partial(
-            module.update,
+            module.update_actor,
             loss_fn=actor_loss,
             optimizer=adamw(actor.parameters()),
             autocast=autocast,
             actor=actor,
             normalizer=normalizer,
             qnet_view=view,
+            support=SUPPORT,
             use_cdq=True,
         )
         critic_step, actor_step = (speed_up(step, False, graphed) for step in (critic_step, actor_step))

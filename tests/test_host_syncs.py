@@ -15,16 +15,16 @@ ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-mi
 CASES = {
     "sac_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
-        {"policy", "critic_loss", "actor_loss", "update"},
+        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
     ),
     "td3_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
-        {"policy", "critic_loss", "actor_loss", "update"},
+        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
     ),
     "fast_td3.py": (
         ["--env-id", "Pendulum-v1", "--num-envs", 4, "--total-timesteps", 300, "--learning-starts", 200]
         + ["--batch-size", 32, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
-        {"explore", "critic_loss", "actor_loss", "update"},
+        {"explore", "critic_loss", "actor_loss", "update_critics", "update_actor"},
     ),
     "ppo_continuous_action.py": (
         [

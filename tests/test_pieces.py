@@ -27,38 +27,161 @@ def make_batch(seed=0):
     return obs, actions, rewards, next_obs, terminations
 
 
+CRITICS = {"sac_continuous_action.py": "SoftQNetwork", "td3_continuous_action.py": "QNetwork"}
+
+
 def plain_critics(qnet):
-    """The ensemble's critics as separate nn.Sequential MLPs with the same weights."""
-    critics = []
-    for k in range(len(qnet.weights[0])):
-        layers = []
-        for i, (weight, bias) in enumerate(zip(qnet.weights, qnet.biases)):
-            linear = nn.Linear(*weight.shape[1:])
-            linear.weight.data.copy_(weight[k].T)
-            linear.bias.data.copy_(bias[k, 0])
-            layers += [linear, nn.ReLU()] if i < 2 else [linear]
-        critics.append(nn.Sequential(*layers))
+    """The ensemble's members as separate plain critics (the script's critic class) holding copies of their weights."""
+    critics = [type(member)(OBS_DIM, ACT_DIM) for member in qnet.members]
+    for member, critic in zip(qnet.members, critics):
+        critic.load_state_dict(member.state_dict())
     return critics
 
 
 def assert_ensemble_matches(qnet, critics, atol=1e-5):
-    for k, critic in enumerate(critics):
-        for i, linear in enumerate(critic[::2]):
-            torch.testing.assert_close(qnet.weights[i][k].T, linear.weight, atol=atol, rtol=0)
-            torch.testing.assert_close(qnet.biases[i][k, 0], linear.bias, atol=atol, rtol=0)
+    for member, critic in zip(qnet.members, critics, strict=True):
+        for name, value in member.state_dict().items():
+            torch.testing.assert_close(value, critic.state_dict()[name], atol=atol, rtol=0)
+
+
+def with_layer_norm(critic_class):
+    """The script's critic with a LayerNorm after its first Linear: a change of the critic's definition alone."""
+
+    class Critic(critic_class):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.net.insert(1, nn.LayerNorm(self.net[0].out_features))
+
+    return Critic
 
 
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 def test_q_ensemble_equals_separate_critics(script):
     module = load_script(script)
+    critic_class = getattr(module, CRITICS[script])
     torch.manual_seed(0)
-    qnet = module.QEnsemble(OBS_DIM, ACT_DIM)
+    qnet = module.Ensemble(partial(critic_class, OBS_DIM, ACT_DIM))
+    torch.manual_seed(0)  # the members are built one after another, as two plain critics would be
+    critics = [critic_class(OBS_DIM, ACT_DIM) for _ in range(2)]
+    assert_ensemble_matches(qnet, critics, atol=0)
+    assert list(qnet.state_dict()) == [f"members.{k}.{name}" for k in range(2) for name in critics[0].state_dict()]
     obs, actions, *_ = make_batch()
-    expected = torch.stack([critic(torch.cat([obs, actions], -1)).squeeze(-1) for critic in plain_critics(qnet)])
+    expected = torch.stack([critic(obs, actions) for critic in critics])
     torch.testing.assert_close(qnet(obs, actions), expected)
     assert not torch.equal(expected[0], expected[1])  # the critics are initialised independently
-    if script.startswith("td3"):
-        torch.testing.assert_close(qnet(obs, actions, num_critics=1), expected[:1])
+    if script.startswith("td3"):  # the actor's view: the first critic alone
+        torch.testing.assert_close(module.detached_view(qnet.members[0])(obs, actions), expected[0])
+
+
+ENSEMBLE_SCRIPTS = ["sac_continuous_action.py", "td3_continuous_action.py", "fast_td3.py"]
+
+
+class NormCritic(nn.Module):
+    """A critic with the layers a researcher adds: a LayerNorm, a BatchNorm1d (running statistics) and a dropout
+    (p=0, so that a loop over plain critics draws the same numbers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(OBS_DIM + ACT_DIM, 16),
+            nn.LayerNorm(16),
+            nn.ReLU(),
+            nn.Linear(16, 16),
+            nn.BatchNorm1d(16),
+            nn.ReLU(),
+            nn.Dropout(0.0),
+            nn.Linear(16, 1),
+        )
+
+    def forward(self, obs, actions):
+        return self.net(torch.cat([obs, actions], -1)).squeeze(-1)
+
+
+def outputs_and_loss(net, obs, actions, weights):
+    out = net(obs, actions)
+    return out, (out * weights).sum()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
+@pytest.mark.parametrize("script", ENSEMBLE_SCRIPTS)
+def test_the_ensemble_equals_a_loop_over_plain_critics_with_norm_layers(script, compiled):
+    """Outputs, gradients and each member's BatchNorm statistics, in training mode (two calls) and in eval mode."""
+    module = load_script(script)
+    torch.manual_seed(0)
+    qnet = module.Ensemble(NormCritic)
+    torch.manual_seed(0)  # the members are built one after another, as the plain critics are here
+    critics = [NormCritic() for _ in range(2)]
+    for critic in critics:  # the norms' affine weights moved off their init (ones, zeros): each member's own counts
+        for param in critic.parameters():
+            param.data.add_(torch.randn_like(param) * 0.1)
+    for member, critic in zip(qnet.members, critics):
+        member.load_state_dict(critic.state_dict())
+    call = torch.compile(outputs_and_loss) if compiled else outputs_and_loss
+    obs, actions, *_ = make_batch()
+    for step in range(2):
+        weights = torch.randn(2, BATCH)
+        out, loss = call(qnet, obs * (step + 1), actions, weights)
+        loss.backward()
+        expected = torch.stack([critic(obs * (step + 1), actions) for critic in critics])
+        (expected * weights).sum().backward()
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for member, critic in zip(qnet.members, critics):
+        for name, param in member.named_parameters():
+            torch.testing.assert_close(param.grad, critic.get_parameter(name).grad, atol=1e-5, rtol=1e-5)
+        for name, buffer in member.named_buffers():
+            torch.testing.assert_close(buffer, critic.get_buffer(name), atol=1e-6, rtol=1e-6)
+    assert [member.net[4].num_batches_tracked.item() for member in qnet.members] == [2, 2]
+    assert not torch.equal(qnet.members[0].net[4].running_mean, qnet.members[1].net[4].running_mean)
+    qnet.eval()
+    for critic in critics:
+        critic.eval()
+    with torch.no_grad():
+        out, _ = call(qnet, obs, actions, torch.ones(2, BATCH))
+        torch.testing.assert_close(out, torch.stack([critic(obs, actions) for critic in critics]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("script", ENSEMBLE_SCRIPTS)
+def test_each_member_draws_its_own_dropout_mask(script):
+    module = load_script(script)
+
+    class Dropped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(OBS_DIM + ACT_DIM, 64), nn.Dropout(0.5))
+
+        def forward(self, obs, actions):
+            return self.net(torch.cat([obs, actions], -1))
+
+    torch.manual_seed(0)
+    qnet = module.Ensemble(Dropped)
+    # both members the same weights: only their masks can tell them apart
+    qnet.members[1].load_state_dict(qnet.members[0].state_dict())
+    obs, actions, *_ = make_batch()
+    out = qnet(obs, actions)
+    full = qnet.members[0].net[0].weight @ torch.cat([obs, actions], -1).T
+    full = (full.T + qnet.members[0].net[0].bias) * 2  # dropout scales what it keeps by 1 / (1 - p)
+    kept = out != 0
+    torch.testing.assert_close(out[kept], full.expand(2, -1, -1)[kept].detach())
+    assert not torch.equal(kept[0], kept[1]) and 0.4 < kept.float().mean() < 0.6
+
+
+@pytest.mark.parametrize("script", ENSEMBLE_SCRIPTS)
+def test_the_target_update_lerps_parameters_and_copies_buffers(script):
+    module = load_script(script)
+    torch.manual_seed(0)
+    online = module.Ensemble(NormCritic)
+    target = copy.deepcopy(online).requires_grad_(False)
+    online(*make_batch()[:2]).sum().backward()  # the BatchNorm statistics (an integer count among them) move
+    with torch.no_grad():
+        for param in online.parameters():
+            param.add_(1.0)
+    before = copy.deepcopy(target.state_dict())
+    module.soft_update(target, online, 0.1)
+    for name, param in online.named_parameters():
+        torch.testing.assert_close(target.get_parameter(name), before[name] + 0.1 * (param.detach() - before[name]))
+    for name, buffer in online.named_buffers():
+        assert torch.equal(target.get_buffer(name), buffer)
+    assert all(param.grad_fn is None and not param.requires_grad for param in target.parameters())
 
 
 def test_replay_buffer_returns_what_was_added_across_wraparound():
@@ -98,15 +221,15 @@ def test_sac_log_prob_matches_torch_distributions():
     assert ((actions >= torch.tensor(SPACE.low)) & (actions <= torch.tensor(SPACE.high))).all()
 
 
-def build(script, flags=(False, False), seed=0):
+def build(script, flags=(False, False), seed=0, critic_class=None):
     """Networks, optimizers and the script's update pieces bound to them, as the script's main block does: the
-    losses compiled (flags[0]), their updates in CUDA graphs (flags[1])."""
+    losses compiled (flags[0]), their updates in CUDA graphs (flags[1]); `critic_class` in place of the script's."""
     module = load_script(script)
     torch.manual_seed(seed)
     actor = module.Actor(OBS_DIM, SPACE)
-    qnet = module.QEnsemble(OBS_DIM, ACT_DIM)
+    qnet = module.Ensemble(partial(critic_class or getattr(module, CRITICS[script]), OBS_DIM, ACT_DIM))
     target_qnet = copy.deepcopy(qnet).requires_grad_(False)
-    qnet_view = module.detached_view(qnet, module.QEnsemble(OBS_DIM, ACT_DIM).to("meta"))
+    qnet_view = module.detached_view(qnet) if script.startswith("sac") else module.detached_view(qnet.members[0])
     adam = partial(torch.optim.Adam, fused=True)
     q_optimizer, actor_optimizer = (
         adam(qnet.parameters(), lr=torch.tensor(1e-3)),
@@ -119,9 +242,9 @@ def build(script, flags=(False, False), seed=0):
         alpha = log_alpha.detach().exp()
         alpha_optimizer = adam([log_alpha], lr=torch.tensor(1e-3))
         critic = partial(
-            module.update,
+            module.update_critics,
             loss_fn=maybe_compile(module.critic_loss),
-            optimizers=[q_optimizer],
+            optimizer=q_optimizer,
             actor=actor,
             qnet=qnet,
             target_qnet=target_qnet,
@@ -131,7 +254,7 @@ def build(script, flags=(False, False), seed=0):
         entropy = dict(alpha=alpha, log_alpha=log_alpha, target_entropy=-float(ACT_DIM))
         optimizers = [actor_optimizer, alpha_optimizer]
         actor_step = partial(
-            module.update,
+            module.update_actor,
             loss_fn=maybe_compile(module.actor_loss),
             optimizers=optimizers,
             actor=actor,
@@ -143,7 +266,7 @@ def build(script, flags=(False, False), seed=0):
         target_actor = copy.deepcopy(actor).requires_grad_(False)
         args = module.Args(gamma=0.99, policy_noise=0.2, noise_clip=0.5)
         critic = partial(
-            module.update,
+            module.update_critics,
             loss_fn=maybe_compile(module.critic_loss),
             optimizer=q_optimizer,
             target_actor=target_actor,
@@ -152,7 +275,7 @@ def build(script, flags=(False, False), seed=0):
             args=args,
         )
         actor_step = partial(
-            module.update,
+            module.update_actor,
             loss_fn=maybe_compile(module.actor_loss),
             optimizer=actor_optimizer,
             actor=actor,
@@ -162,9 +285,11 @@ def build(script, flags=(False, False), seed=0):
     return nets, speed_up(critic, False, flags[1]), speed_up(actor_step, False, flags[1])
 
 
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["plain", "layer-norm"])
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
-def test_critic_update_equals_a_plain_reference(script):
-    nets, critic_step, _ = build(script)
+def test_critic_update_equals_a_plain_reference(script, layer_norm):
+    critic_class = getattr(load_script(script), CRITICS[script])
+    nets, critic_step, _ = build(script, critic_class=with_layer_norm(critic_class) if layer_norm else None)
     critics, targets = plain_critics(nets["qnet"]), plain_critics(nets["target_qnet"])
     optimizer = torch.optim.Adam([p for c in critics for p in c.parameters()], lr=1e-3, foreach=False)
     obs, actions, rewards, next_obs, terminations = batch = make_batch()
@@ -173,16 +298,16 @@ def test_critic_update_equals_a_plain_reference(script):
     with torch.no_grad():
         if script.startswith("sac"):
             next_actions, next_log_prob, _ = actor(next_obs)
-            soft_value = torch.minimum(*[t(torch.cat([next_obs, next_actions], -1)) for t in targets]).squeeze(-1)
+            soft_value = torch.minimum(*[t(next_obs, next_actions) for t in targets])
             soft_value = soft_value - nets["alpha"] * next_log_prob
         else:
             noise = (torch.randn(BATCH, ACT_DIM) * 0.2).clamp(-0.5, 0.5) * actor.action_scale
             next_actions = torch.max(
                 torch.min(actor(next_obs) + noise, torch.tensor(SPACE.high)), torch.tensor(SPACE.low)
             )
-            soft_value = torch.minimum(*[t(torch.cat([next_obs, next_actions], -1)) for t in targets]).squeeze(-1)
+            soft_value = torch.minimum(*[t(next_obs, next_actions) for t in targets])
         target = rewards + 0.99 * (1 - terminations) * soft_value
-    losses = [nn.functional.mse_loss(c(torch.cat([obs, actions], -1)).squeeze(-1), target) for c in critics]
+    losses = [nn.functional.mse_loss(c(obs, actions), target) for c in critics]
     optimizer.zero_grad()
     sum(losses).backward()
     optimizer.step()
@@ -211,13 +336,17 @@ def test_actor_update_leaves_the_critics_untouched(script):
 
 
 @speed_flags_here()
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["plain", "layer-norm"])
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
-def test_sped_up_updates_equal_eager_ones(script, flags):
+def test_sped_up_updates_equal_eager_ones(script, layer_norm, flags):
     """The scripts' wrapping (checks.speed_up): without CUDA, CudaGraphModule passes the call through, which
-    still checks the pieces' calling convention (plain tensors in, a dict of tensors out)."""
-    eager_nets, eager_critic, eager_actor = build(script)
-    compiled_nets, compiled_critic, compiled_actor = build(script, flags)
+    still checks the pieces' calling convention (plain tensors in, a dict of tensors out). With a LayerNorm added to
+    the critic's definition, the same pieces train it in every mode."""
+    critic_class = getattr(load_script(script), CRITICS[script])
+    critic_class = with_layer_norm(critic_class) if layer_norm else None
+    eager_nets, eager_critic, eager_actor = build(script, critic_class=critic_class)
+    compiled_nets, compiled_critic, compiled_actor = build(script, flags, critic_class=critic_class)
     for step in range(3):  # the first calls also cover Adam's state initialisation and any recompile
         batch = make_batch(seed=step)
         results = []
