@@ -640,9 +640,10 @@ if __name__ == "__main__":
                     step = limiter.inserts
                     replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
                     run.log(step, metrics, charts=dict(epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now))
+            actor.stop(run, timeout=60)
         except ChildProcessError:
             raise Stopped(f"the actor process died ({actor.failure()}); the learner stops", 1) from None
-    actor.stop(run, timeout=60)
+    actor.stop(run)
     run.end_training(limiter.inserts, metrics)
 
     summary = {"async_actor": True, "env_backend": args.env_backend, "num_updates": num_updates}
