@@ -43,7 +43,7 @@ MAX_TOKENS = {
     "ppo_atari_lstm.py": 3846,
     "ppo_atari_multigpu.py": 3685,
     "dqn_atari.py": 3051,
-    "dqn_atari_async.py": 5104,
+    "dqn_atari_async.py": 5110,
     "impala_ray.py": 6681,
     "pqn.py": 2094,
     "pqn_atari_envpool.py": 2482,
