@@ -1,7 +1,7 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) for continuous actions, one file.
 
-Speed: the twin critics are one vmapped ensemble (one batched matmul per layer), the replay buffer is
-one device tensor, and the pieces take torch.compile and CUDA graphs. Cost: plain tensors in and out, no TensorDicts.
+Speed: the actor's loss reads the critics through a detached view, the replay buffer is one device tensor, and the
+pieces take torch.compile and CUDA graphs. Cost: plain tensors in and out, no TensorDicts.
     python leanrl_scripts/sac_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 

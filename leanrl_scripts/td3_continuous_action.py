@@ -1,8 +1,8 @@
 """Twin Delayed DDPG (TD3, Fujimoto et al. 2018) for continuous actions, one file.
 
-Speed: the twin critics are one vmapped ensemble of a plain critic (one batched matmul per layer), the replay
-buffer is one preallocated device tensor, and the update, the policy step and the actor step can be wrapped in
-torch.compile and CUDA graphs. Cost: plain tensors in and out of the pieces, no TensorDicts.
+Speed: the actor's loss reads the first critic alone through a detached view, the replay buffer is one preallocated
+device tensor, and the update, the policy step and the actor step can be wrapped in torch.compile and CUDA graphs.
+Cost: plain tensors in and out of the pieces, no TensorDicts.
     python leanrl_scripts/td3_continuous_action.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 

@@ -57,8 +57,8 @@ MAX_TOKENS = {
 # PPO Atari 269, PPO-LSTM 284, the multi-process PPO 353, PQN 201, PQN Atari 228, Rainbow 365. The thirteen scripts
 # with a counterpart are at most 2x theirs (the async DQN against dqn_atari.py); IMPALA and FastTD3 have none.
 MAX_PROSE_WORDS = {
-    "sac_continuous_action.py": 521,
-    "td3_continuous_action.py": 479,
+    "sac_continuous_action.py": 519,
+    "td3_continuous_action.py": 475,
     "ppo_continuous_action.py": 588,
     "dqn.py": 425,
     "ppo_atari_envpool.py": 535,
