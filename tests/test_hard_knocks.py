@@ -204,46 +204,44 @@ def broken_copy(script, name, folder):
     return os.path.join(folder, script)
 
 
+def run_broken(script, name, workdir):
+    """`script` with `name` raising (broken_copy), run to its end: its one error line, its run folder, its summary,
+    its output; the traceback and the exit code checked."""
+    copied = broken_copy(script, name, workdir)
+    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 2]
+    _, proc = run_script(copied, args, workdir, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" in proc.stderr and f"ValueError: a bug in the changed {name}" in proc.stderr
+    (line,) = error_lines(proc.stderr)
+    run_dir = only_run_dir(workdir)
+    summary = strict_json(os.path.join(run_dir, "summary.json"))
+    assert summary["eval_returns"] == [] and summary["stopped"] == line[len("error: ") :]
+    return line, os.path.relpath(run_dir, workdir), summary, proc.stdout
+
+
 @pytest.mark.parametrize("script", ["dqn.py", "sac_continuous_action.py"])
 def test_an_exception_in_the_evaluation_keeps_the_trained_run(script, workdir):
     """The summary and the model are written as the training ends; the evaluation's exception (its traceback
     printed) fails the run without taking them."""
-    copied = broken_copy(script, "evaluate", workdir)
-    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 2]
-    _, proc = run_script(copied, args, workdir, check=False)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "Traceback" in proc.stderr and "ValueError: a bug in the changed evaluate" in proc.stderr
-    (line,) = error_lines(proc.stderr)
-    run_dir = only_run_dir(workdir)
+    line, run_dir, summary, stdout = run_broken(script, "evaluate", workdir)
     assert line == (
         f"error: the evaluation raised ValueError (the traceback above); the training's summary (and model, with "
-        f"--save-model) is in {os.path.relpath(run_dir, workdir)}"
+        f"--save-model) is in {run_dir}"
     )
-    summary = strict_json(os.path.join(run_dir, "summary.json"))
     assert summary["steps_done"] == summary["total_timesteps"] and summary["num_updates"] > 0
-    assert summary["eval_returns"] == [] and summary["stopped"] == line[len("error: ") :]
-    assert proc.stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
-    trained = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
+    assert stdout.rstrip().splitlines()[-1] == "SPEED " + json.dumps(summary)
+    trained = torch.load(os.path.join(workdir, run_dir, "model.pt"), weights_only=True)
     assert trained["env_id"] == summary["env_id"]
 
 
 @pytest.mark.parametrize("script, loss", [("dqn.py", "td_loss"), ("sac_continuous_action.py", "critic_loss")])
 def test_an_exception_in_the_training_keeps_the_summary_of_the_steps_done(script, loss, workdir):
-    copied = broken_copy(script, loss, workdir)
-    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 2]
-    _, proc = run_script(copied, args, workdir, check=False)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "Traceback" in proc.stderr and f"ValueError: a bug in the changed {loss}" in proc.stderr
-    (line,) = error_lines(proc.stderr)
-    run_dir = only_run_dir(workdir)
+    line, run_dir, summary, _ = run_broken(script, loss, workdir)
     assert line == (
-        f"error: the training raised ValueError (the traceback above); the summary of the steps done is in "
-        f"{os.path.relpath(run_dir, workdir)}"
+        f"error: the training raised ValueError (the traceback above); the summary of the steps done is in {run_dir}"
     )
-    summary = strict_json(os.path.join(run_dir, "summary.json"))
-    assert 0 < summary["steps_done"] < summary["total_timesteps"] and summary["eval_returns"] == []
-    assert summary["stopped"] == line[len("error: ") :]
-    assert not os.path.exists(os.path.join(run_dir, "model.pt"))  # its update may have been half done
+    assert 0 < summary["steps_done"] < summary["total_timesteps"]
+    assert not os.path.exists(os.path.join(workdir, run_dir, "model.pt"))  # its update may have been half done
 
 
 # Each script with one of the two signals, in turn; both for the scripts with processes of their own (the async DQN's
