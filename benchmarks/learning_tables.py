@@ -19,6 +19,7 @@ LOSS_POINTS points so.
 import argparse
 import csv
 import glob
+import io
 import json
 import os
 import pathlib
@@ -317,6 +318,8 @@ def chart(task, sides, path):
     the last 20 episodes: episode returns smoothed so, LeanRL's as it logged it."""
     if not (plt := runner.pyplot()):
         return
+    import PIL.Image  # matplotlib's own dependency
+
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for axis, key, label in zip(axes, ("steps", "seconds"), ("env steps", "seconds")):
         for side, runs in sides.items():
@@ -334,8 +337,11 @@ def chart(task, sides, path):
         axis.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{task}: {ours(sides).get('script', '')} on {ours(sides).get('env_id', '')}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
+    # a palette of 256 colours: a third of the bytes, as each rerun adds its charts to git
+    PIL.Image.open(image).convert("RGB").quantize(256).save(path, optimize=True)
 
 
 def curve_rows(records):
