@@ -1,5 +1,5 @@
 """Learning curves over seeds: each script on its task of benchmarks/settings.toml, N seeds, one run at a time, each
-run's curve kept as a record; benchmarks/learning_tables.py makes the curves, the table and the charts of them.
+run's curve kept as a record; benchmarks/learning_tables.py makes the table and the charts of them.
 
     python benchmarks/learning.py [--profile quick|full|smoke] [--seeds N] [--only sac_pendulum,dqn_cartpole]
                                   [--results FOLDER] [--cleanrl CLONE] [--leanrl CLONE] [--reference-python PY]
@@ -7,9 +7,11 @@ run's curve kept as a record; benchmarks/learning_tables.py makes the curves, th
     ./run.sh --learning [--quick | --smoke] [--seeds N] [--results FOLDER] [...]    (the same, FOLDER/learning)
 
 Each run writes FOLDER/runs/<task>[__<side>]__seed<k>.json: the summary, the command (relative to the repository
-or the reference clone, the Python by its version), and the training returns from TensorBoard with the seconds
-since the command, and the losses/* scalars it logged; a run whose file exists is not run again, so an interrupted
-profile goes on where it stopped. Our scripts run with $PYTHON where it is set, else with this interpreter.
+or the reference clone, the Python by its version), and of the training returns it logged to TensorBoard (with the
+seconds since the command) and its losses/* scalars what learning_tables.slim keeps: the figures the tables take
+from every episode and the curves downsampled, tens of kB a run; a run whose file exists is not run again, so an
+interrupted profile goes on where it stopped. `python benchmarks/learning_tables.py FOLDER --curves` writes the
+kept curves to FOLDER/curves.csv. Our scripts run with $PYTHON where it is set, else with this interpreter.
 Profiles: quick fits a 2-core CPU (hours with PPO Atari), full is CleanRL's budgets, smoke checks the files in
 about a minute.
 
@@ -54,15 +56,15 @@ POLL_SECONDS = 30
 
 
 class Curve:
-    """What a run of `script` in `workdir` has logged so far, as a record keeps it, read as it runs: its training
-    episodes, else what it logs in their place (LOGGED_RETURNS), and its losses/* scalars."""
+    """What a run of `script` in `workdir` has logged so far, read as it runs: its training episodes, else what it
+    logs in their place (LOGGED_RETURNS), and its losses/* scalars; its record keeps them slimmed."""
 
     def __init__(self, workdir, started, script=None):
         self.logs, self.started = runner.Logs(workdir), started
         self.logged_kind = LOGGED_RETURNS.get(script, LOGGED_RETURNS[None])
 
     def read(self):
-        """The record's curve: steps, seconds since the command, returns and losses (and returns_kind if logged)."""
+        """The full curve: steps, seconds since the command, returns and losses (and returns_kind if logged)."""
         logged = self.logs.read()
         losses = {tag: [[step, value] for step, _, value in logged[tag]] for tag in logged if tag.startswith("losses/")}
         # the JAX PPO scripts log no episode, only each env's last game averaged
@@ -144,12 +146,13 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
             record["steps_done"] = max(record["steps"], default=0)
     if side == "ours":
         record.update(summary=summary, steps_done=summary["steps_done"])
+    record = learning_tables.slim(record, score)
     os.makedirs(os.path.dirname(record_path), exist_ok=True)
     with open(record_path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(record_path + ".tmp", record_path)
-    reached = learning_tables.seconds_to_score(record, score)
-    final = summary["eval_return_mean"] if side == "ours" else learning_tables.final_training_return(record)
+    final = summary["eval_return_mean"] if side == "ours" else record["final_return"]
+    reached = record["reached"]["seconds"]
     print(
         f"{task} {side} seed {seed}: {'eval' if side == 'ours' else 'final training'} return {final}, "
         f"{ended.seconds / 60:.1f} minutes"

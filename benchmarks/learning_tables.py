@@ -1,12 +1,25 @@
 """The learning benchmark's records read back: statistics over seeds, the seconds to a score, final.md (per task and
 side: the final evaluation and the final training return as mean +- std, a 95% bootstrap confidence interval of the
-mean and the interquartile mean, the seconds to the score, the commands), the README's learning table, curves.csv
-and a chart per task. benchmarks/learning.py writes the records and calls `collect`; benchmarks/collect.py
---readme calls `readme_table`.
+mean and the interquartile mean, the seconds to the score, the commands), the README's learning table and a chart per
+task. benchmarks/learning.py makes each record with `slim` and calls `collect`; benchmarks/collect.py --readme calls
+`readme_table`.
+
+    python benchmarks/learning_tables.py FOLDER                  final.md and the charts again from FOLDER/runs
+    python benchmarks/learning_tables.py FOLDER --curves         FOLDER/curves.csv: each run's kept curve, a row a point
+    python benchmarks/learning_tables.py FOLDER --slim-records   records that keep every episode (written before the
+                                                                 records were slimmed) rewritten as `slim` keeps them
+
+A record keeps, of its run's curve, what the tables take from it, computed from every episode: `episodes` (how many
+points the run logged), `final_return` (the mean of the last 20 episodes) and `reached` (the task's score, and the
+step and seconds at which that mean first reached it); and what the charts draw: `curve`, the mean of the last 20
+episodes at up to CURVE_POINTS points (means over equal bins of steps), and `losses`, each losses/* scalar at up to
+LOSS_POINTS points so.
 """
 
+import argparse
 import csv
 import glob
+import io
 import json
 import os
 import pathlib
@@ -24,6 +37,9 @@ SIDES = {
     "LeanRL-JAX": "#8172b3",
     "FastTD3": "#937860",
 }
+# the points a record keeps of its curve (the charts draw 100 between the seeds' ends) and of each losses/* scalar
+CURVE_POINTS = 200
+LOSS_POINTS = 50
 
 
 def scores():
@@ -31,16 +47,19 @@ def scores():
     return {task: entry.get("score") for task, entry in runner.settings()["tasks"].items()}
 
 
+def record_paths(folder):
+    return sorted(glob.glob(f"{folder}/runs/*__seed*.json"))
+
+
 def load_records(folder):
-    """{task: {side: [record, ...]}}, ours first, each side in seed order. Records from before the references
-    (no side, no process time) read as ours with the summary's figures."""
+    """{task: {side: [record, ...]}}, ours first, each side in seed order."""
     records = {}
-    for path in sorted(glob.glob(f"{folder}/runs/*__seed*.json")):
+    for path in record_paths(folder):
         with open(path) as f:
             record = json.load(f)
-        if "side" not in record:
-            summary = record["summary"]
-            record.update(side="ours", total_seconds=summary["total_seconds"], steps_done=summary["steps_done"])
+        if "curve" not in record:
+            raise SystemExit(f"error: {path} keeps every episode: python benchmarks/learning_tables.py {folder} "
+                             "--slim-records")  # fmt: skip
         records.setdefault(record["task"], {"ours": []}).setdefault(record["side"], []).append(record)
     return {  # without the sides a task has no run of: ours where it has none
         task: {side: sorted(runs, key=lambda run: run["seed"]) for side, runs in sides.items() if runs}
@@ -72,28 +91,95 @@ def smoothed(returns, window=20):
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
-def running_mean(record, window=20):
-    """The run's training return at each point as the mean of the last `window` episodes: LeanRL's as it logged it
-    (a record with a `returns_kind`), the others' episode returns smoothed so."""
-    return record["returns"] if "returns_kind" in record else smoothed(record["returns"], window)
+def running_mean(curve, window=20):
+    """The run's training return at each point of its full curve as the mean of the last `window` episodes: LeanRL's
+    as it logged it (a curve with a `returns_kind`), the others' episode returns smoothed so."""
+    return curve["returns"] if "returns_kind" in curve else smoothed(curve["returns"], window)
 
 
-def final_training_return(record, window=20):
+def final_training_return(curve, window=20):
     """The mean return of the run's last `window` training episodes, the end of its line in the chart (LeanRL: the
     last running mean of 20 it logged): what every side logs, so ours and the references compare on it."""
-    means = running_mean(record, window)
+    means = running_mean(curve, window)
     return float(means[-1] if len(means) else "nan")
 
 
-def seconds_to_score(record, threshold, window=20):
-    """Seconds from the run's command to its first training episode at which the mean return of the last `window`
-    episodes (LeanRL's: the running mean it logged) reached `threshold`, warm-up and compilation included; None where
-    it never did, or where the record's times do not count from the command (records from before they did)."""
-    if threshold is None or record.get("seconds_from") != "command":
+def score_reached(curve, threshold, window=20):
+    """The index of the first point of the full curve at which the mean return of the last `window` episodes
+    (LeanRL's: the running mean it logged) reached `threshold`; None where it never did."""
+    if threshold is None:
         return None
-    start = 0 if "returns_kind" in record else window - 1  # a smoothed mean counts once all `window` are in
-    means = zip(running_mean(record, window)[start:], record["seconds"][start:])
-    return next((float(seconds) for mean, seconds in means if mean >= threshold), None)
+    start = 0 if "returns_kind" in curve else window - 1  # a smoothed mean counts once all `window` are in
+    means = running_mean(curve, window)
+    return next((index for index in range(start, len(means)) if means[index] >= threshold), None)
+
+
+def seconds_to_score(curve, threshold, window=20):
+    """Seconds from the run's command to the first point of its full curve at the score (score_reached), warm-up and
+    compilation included; None where it never got there, or where the curve's times do not count from the command
+    (records from before they did)."""
+    index = score_reached(curve, threshold, window)
+    return None if index is None or curve.get("seconds_from") != "command" else float(curve["seconds"][index])
+
+
+def binned(steps, columns, points):
+    """`steps` and the `columns` beside them as their means over `points` equal bins of steps, the empty ones left
+    out; as they are where there are no more than `points`."""
+    steps = np.asarray(steps, dtype=float)
+    columns = [np.asarray(column, dtype=float) for column in columns]
+    if len(steps) <= points:
+        return [steps, *columns]
+    edges = np.linspace(steps[0], steps[-1], points + 1)[1:-1]
+    bins = np.searchsorted(edges, steps, side="right")
+    counts = np.bincount(bins, minlength=points)
+    return [np.bincount(bins, column, points)[counts > 0] / counts[counts > 0] for column in [steps, *columns]]
+
+
+def short(values, digits=4):
+    """`values` to `digits` significant digits, as the kept curves and losses hold them."""
+    return [float(f"{value:.{digits}g}") for value in values]
+
+
+def slim(record, score):
+    """The record as it is kept: the run's full curve (`steps`, `seconds`, `returns`, every point it logged) replaced
+    by the figures the tables take from it (`episodes`: how many points it had, its training episodes or the means
+    logged in their place; `final_return`; `reached`: the score `score` and the step and seconds of score_reached)
+    and the curve the charts draw (the mean of the last 20 episodes) and the losses, each at up to CURVE_POINTS and
+    LOSS_POINTS points (means over equal bins of steps)."""
+    kept = {key: value for key, value in record.items() if key not in ("steps", "seconds", "returns", "losses")}
+    index = score_reached(record, score)
+    at_score = (None, None) if index is None else (record["steps"][index], float(record["seconds"][index]))
+    steps, seconds, means = binned(record["steps"], [record["seconds"], running_mean(record)], CURVE_POINTS)
+    losses = {}
+    for tag, series in record.get("losses", {}).items():
+        loss_steps, values = binned([step for step, _ in series], [[value for _, value in series]], LOSS_POINTS)
+        losses[tag] = [[round(step), value] for step, value in zip(loss_steps.tolist(), short(values))]
+    return {
+        **kept,
+        "episodes": len(record["returns"]),
+        "final_return": final_training_return(record),
+        "reached": dict(zip(("score", "step", "seconds"), (score, *at_score))),
+        "curve": {"steps": np.rint(steps).astype(int).tolist(), "seconds": short(seconds, 6), "returns": short(means)},
+        "losses": losses,
+    }
+
+
+def slim_records(folder):
+    """Rewrites FOLDER/runs' records that keep every episode as `slim` keeps them, the task's score from
+    settings.toml; records from before the references (no side, no process time) as ours with the summary's
+    figures."""
+    for path in record_paths(folder):
+        with open(path) as f:
+            record = json.load(f)
+        if "curve" in record:
+            continue
+        if "side" not in record:
+            summary = record["summary"]
+            record.update(side="ours", total_seconds=summary["total_seconds"], steps_done=summary["steps_done"])
+        with open(path + ".tmp", "w") as f:
+            json.dump(slim(record, scores().get(record["task"])), f)
+        os.replace(path + ".tmp", path)
+        print(f"{path}: {record['task']} {record['side']} seed {record['seed']}, slimmed")
 
 
 def time_to_score(task, runs, spread=True):
@@ -109,7 +195,10 @@ def time_to_score(task, runs, spread=True):
         return "not timed"
     score, reached, cut = scores().get(task), [], []
     for run in timed.values():
-        if (seconds := seconds_to_score(run, score)) is not None:
+        if run["reached"]["score"] != score:
+            raise SystemExit(f"error: {task} {run['side']} seed {run['seed']}: its record times the score "
+                             f"{run['reached']['score']}, settings.toml's is {score}")  # fmt: skip
+        if (seconds := run["reached"]["seconds"]) is not None:
             reached.append(seconds)
         elif str(run.get("stopped")).startswith("after"):
             cut.append(run["max_minutes"])
@@ -177,7 +266,7 @@ def final_table(records):
             label = side if whole else f"{side} (stopped runs: where they stood)"
             script = first["summary"]["script"] if side == "ours" else os.path.basename(script_of(first))
             env_id = ours(sides).get("env_id", "its default env")
-            training = mean_std_interval([final_training_return(run) for run in shown])
+            training = mean_std_interval([run["final_return"] for run in shown])
             table += f"| {task} | {label}: {script}, {env_id} | {first['steps_done']} | {len(shown)} | {evaluation} "
             table += (
                 f"| {training} | {scores().get(task, '-')} | {time_to_score(task, runs)} | {minutes(shown):.1f} |\n"
@@ -216,7 +305,7 @@ def readme_row(task, sides):
     steps = max(run["steps_done"] for runs in sides.values() for run in complete(runs) or runs)
     seeds = max(len({run["seed"] for run in runs}) for runs in sides.values())
     times = " · ".join(f"{side} {time_to_score(task, runs, spread=False)}" for side, runs in sides.items())
-    finals = " · ".join(f"{side} {np.mean([*map(final_training_return, runs)]):.1f}" for side, runs in whole.items())
+    finals = " · ".join(f"{side} {np.mean([run['final_return'] for run in runs]):.1f}" for side, runs in whole.items())
     run_minutes = " · ".join(f"{side} {minutes(runs):.1f}" for side, runs in whole.items())
     row = f"| {task} ({ours(sides).get('env_id', '')}) | {steps:,} | {seeds} | {scores().get(task, '-')} | {times} "
     evaluated = f"{np.mean(evaluation):.1f} +- {np.std(evaluation):.1f}" if evaluation else "-"  # runs stopped early
@@ -229,14 +318,16 @@ def chart(task, sides, path):
     the last 20 episodes: episode returns smoothed so, LeanRL's as it logged it."""
     if not (plt := runner.pyplot()):
         return
+    import PIL.Image  # matplotlib's own dependency
+
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for axis, key, label in zip(axes, ("steps", "seconds"), ("env steps", "seconds")):
         for side, runs in sides.items():
             # a side's runs stopped at the score: their curves to where they were
-            drawn = [run for run in complete(runs) or runs if run["returns"]]
+            drawn = [run["curve"] for run in complete(runs) or runs if run["curve"]["returns"]]
             if drawn:
                 grid = np.linspace(max(run[key][0] for run in drawn), min(run[key][-1] for run in drawn), 100)
-                values = np.stack([np.interp(grid, run[key], running_mean(run)) for run in drawn])
+                values = np.stack([np.interp(grid, run[key], run["returns"]) for run in drawn])
                 color = SIDES.get(side, "#8c8c8c")
                 axis.fill_between(grid, values.min(0), values.max(0), alpha=0.2, color=color, linewidth=0)
                 axis.plot(
@@ -246,28 +337,52 @@ def chart(task, sides, path):
         axis.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{task}: {ours(sides).get('script', '')} on {ours(sides).get('env_id', '')}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
+    # a palette of 256 colours: a third of the bytes, as each rerun adds its charts to git
+    PIL.Image.open(image).convert("RGB").quantize(256).save(path, optimize=True)
 
 
 def curve_rows(records):
-    """curves.csv: a row per point of each run's curve."""
+    """curves.csv: a row per point of each run's kept curve, its return the mean of the last 20 episodes (LeanRL's:
+    what it logged) over the point's bin of steps."""
     yield "task side script seed step seconds return kind run".split()
     for task, sides in records.items():
         for side, runs in sides.items():
             for run in runs:
                 about = [task, side, script_of(run), run["seed"]]
-                kind = [run.get("returns_kind", "episode"), stop_words(run) or "complete"]
-                for step, seconds, value in zip(run["steps"], run["seconds"], run["returns"]):
-                    yield [*about, step, f"{seconds:.3f}", value, *kind]
+                kind = [run.get("returns_kind", "mean of the last 20 episodes"), stop_words(run) or "complete"]
+                curve = run["curve"]
+                for step, seconds, value in zip(curve["steps"], curve["seconds"], curve["returns"]):
+                    yield [*about, step, seconds, value, *kind]
 
 
 def collect(folder):
+    """final.md and a chart per task from FOLDER/runs; the table printed."""
     records = load_records(folder)
-    with open(f"{folder}/curves.csv", "w", newline="") as f:
-        csv.writer(f).writerows(curve_rows(records))
     table = final_table(records)
     pathlib.Path(f"{folder}/final.md").write_text(table)
     for task, sides in records.items():
         chart(task, sides, f"{folder}/{task}.png")
     print(table, end="")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="final.md and a chart per task from FOLDER/runs")
+    parser.add_argument("folder", help="a learning results folder, e.g. benchmarks/results/cpu-2core/learning")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--curves", action="store_true", help="write FOLDER/curves.csv instead (not kept in git)")
+    only.add_argument("--slim-records", action="store_true", help="rewrite the records that keep every episode")
+    args = parser.parse_args()
+    if args.slim_records:
+        slim_records(args.folder)
+    elif args.curves:
+        with open(f"{args.folder}/curves.csv", "w", newline="") as f:
+            csv.writer(f).writerows(curve_rows(load_records(args.folder)))
+    else:
+        collect(args.folder)
+
+
+if __name__ == "__main__":
+    main()

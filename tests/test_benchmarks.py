@@ -226,26 +226,39 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
 
 @pytest.mark.slow
 def test_run_sh_learning_smoke_writes_the_curves_the_table_and_a_chart_per_task(tmp_path):
-    """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); the curves, the
-    losses and the table are read back against the runs' own records, and a second call runs nothing again."""
+    """./run.sh --learning --smoke: every task of the smoke profile over two seeds (about a minute); each record is
+    slim (no full curve, its curve and losses bounded), the curves (made on demand), the losses and the table are read
+    back against the runs' own records, and a second call runs nothing again."""
     env = served_python_env()  # learning.py's runs of our scripts go through $PYTHON too: forked, imports done
     command = ["bash", os.path.join(ROOT, "run.sh"), "--learning", "--smoke", "--seeds", "2", "--results", tmp_path]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "learning"
-    records = [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*.json"))]
+    assert not (folder / "curves.csv").exists()
+    paths = sorted((folder / "runs").glob("*.json"))
+    records = [json.loads(path.read_text()) for path in paths]
     tasks = {record["task"] for record in records}
     assert len(tasks) >= 6 and len(records) == 2 * len(tasks)
+    assert max(path.stat().st_size for path in paths) < 40_000
+    curves = [sys.executable, os.path.join(ROOT, "benchmarks", "learning_tables.py"), folder, "--curves"]
+    assert subprocess.run(curves, capture_output=True).returncode == 0
     with open(folder / "curves.csv") as f:
         rows = list(csv.DictReader(f))
     for record in records:
+        points, loss_points = len(record["curve"]["steps"]), max(map(len, record["losses"].values()))
+        assert not {"steps", "seconds", "returns"} & set(record) and 0 < points <= learning_tables.CURVE_POINTS
+        assert record["episodes"] >= points and loss_points <= learning_tables.LOSS_POINTS
         curve = [
             float(row["return"]) for row in rows if (row["task"], int(row["seed"])) == (record["task"], record["seed"])
         ]
-        assert curve == pytest.approx(record["returns"]) and curve
+        assert curve == pytest.approx(record["curve"]["returns"]) and curve
+        if record["episodes"] <= learning_tables.CURVE_POINTS:  # the curve as it was: its last point the final return
+            assert record["final_return"] == pytest.approx(curve[-1], rel=1e-3)
         last_logged = {tag[len("losses/") :]: series[-1][1] for tag, series in record["losses"].items()}
         final_metrics = record["summary"]["final_metrics"]  # what the run logged last, also in its summary
-        assert final_metrics and {name: last_logged[name] for name in final_metrics} == pytest.approx(final_metrics)
+        assert final_metrics and {name: last_logged[name] for name in final_metrics} == pytest.approx(
+            final_metrics, rel=1e-3
+        )
         assert record["command"].startswith(f"{PYTHON} leanrl_scripts/")
     table = (folder / "final.md").read_text()
     for task in tasks:
@@ -389,28 +402,27 @@ def test_the_learning_benchmark_runs_the_references_and_draws_them_beside_ours(t
         learning.run_task(task, seed, "smoke", str(folder), python, side, str(clone), python)
     jax = json.loads((folder / "runs" / "dqn_cartpole__cleanrl-jax__seed1.json").read_text())
     # timed from the command: its imports before the first episode, and no point after the run's end
-    assert jax["seconds_from"] == "command" and 0 < jax["seconds"][0] <= jax["seconds"][-1] <= jax["total_seconds"]
+    seconds = jax["curve"]["seconds"]
+    assert jax["seconds_from"] == "command" and 0 < seconds[0] <= seconds[-1] <= jax["total_seconds"]
     dqn = json.loads((folder / "runs" / "dqn_cartpole__cleanrl__seed1.json").read_text())
     assert (
         dqn["commit"] == cleanrl
         and dqn["command"] == f"{PYTHON} cleanrl/dqn.py --total-timesteps 2000 --learning-starts 500"
     )
-    assert dqn["steps_done"] == 2000 and len(dqn["returns"]) > 20 and "returns_kind" not in dqn
+    assert dqn["steps_done"] == 2000 and dqn["episodes"] > 20 and "returns_kind" not in dqn
     assert dqn["patches"][0].startswith("prepended: gymnasium 1.x's SyncVectorEnv")
     sac = json.loads((folder / "runs" / "sac_pendulum__leanrl__seed2.json").read_text())
-    assert (
-        sac["steps"] == [200, 300]
-        and sac["returns"] == [-20 + 2, -30 + 2]
-        and sac["returns_kind"].startswith("running")
-    )
-    assert learning_tables.final_training_return(sac) == -28.0  # LeanRL's: the last running mean it logged
-    assert learning_tables.final_training_return(dqn) == pytest.approx(np.mean(dqn["returns"][-20:]))  # last 20
+    assert sac["curve"] == {"steps": [200, 300], "seconds": sac["curve"]["seconds"], "returns": [-20 + 2, -30 + 2]}
+    assert sac["returns_kind"].startswith("running") and sac["episodes"] == 2
+    assert sac["final_return"] == -28.0  # LeanRL's: the last running mean it logged
     learning_tables.collect(str(folder))
     table = (folder / "final.md").read_text()
     rows = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
     assert "| 2 | none | |  | -28.5 +- 0.5 |" in rows["LeanRL: sac_continuous_action_torchcompile.py, its default env"]
     assert "| 475 | not reached (0/2) |" in rows["CleanRL: dqn.py, its default env"]  # alternating actions
     assert f"`{PYTHON} cleanrl/dqn_jax.py --total-timesteps 2000 --learning-starts 500 --seed S`" in table
+    curves = [sys.executable, os.path.join(ROOT, "benchmarks", "learning_tables.py"), folder, "--curves"]
+    assert subprocess.run(curves, capture_output=True).returncode == 0
     with open(folder / "curves.csv") as f:
         assert {row["side"] for row in csv.DictReader(f)} == {"CleanRL", "CleanRL-JAX", "LeanRL"}
     assert (folder / "dqn_cartpole.png").stat().st_size > 10_000
@@ -441,18 +453,93 @@ def test_the_seconds_to_a_score_against_a_plain_definition():
     logged = {"returns": [1.0, 5.0, 9.0], "seconds": [2.0, 3.0, 4.0], "seconds_from": "command", "returns_kind": "r"}
     assert learning_tables.seconds_to_score(logged, 5.0) == 3.0
     assert learning_tables.seconds_to_score({**logged, "seconds_from": None}, 5.0) is None
+    # the table reads each record's `reached`, which slim takes from the full curve at the task's score
+    logged.update(steps=[100, 200, 300], side="ours", task="td3_pendulum")
     seeds = ((1, 0, [-900.0] * 3), (2, 10, [-300.0, -150.0, -100.0]), (3, 4, [-150.0] * 3))
-    runs = [{**logged, "seed": seed, "returns": returns, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]}
+    full = [{**logged, "seed": seed, "returns": returns, "seconds": [2.0 + shift, 3.0 + shift, 4.0 + shift]}
             for seed, shift, returns in seeds]  # fmt: skip
+    runs = [learning_tables.slim(run, -200) for run in full]
     assert learning_tables.time_to_score("td3_pendulum", runs) == "10 [6, 13] (2/3)"
     assert learning_tables.time_to_score("td3_pendulum", runs[:1]) == "not reached (0/1)"
     # a seed's run stopped at the score counts where its complete run is not timed from the command, and only there
-    stopped = {**runs[0], "returns": [-150.0] * 3, "until_score": True, "max_minutes": None, "stopped": "at the score"}
+    stopped = {**full[0], "returns": [-150.0] * 3, "until_score": True, "max_minutes": None, "stopped": "at the score"}
+    cut = {**stopped, "returns": [-900.0] * 3, "max_minutes": 12, "stopped": "after 12 minutes"}
+    stopped, cut = (learning_tables.slim(run, -200) for run in (stopped, cut))
     assert learning_tables.time_to_score("td3_pendulum", runs + [stopped]) == "10 [6, 13] (2/3)"
     runs[0]["seconds_from"] = None
     assert learning_tables.time_to_score("td3_pendulum", runs + [stopped]) == "6 [2, 13] (3/3)"
-    cut = {**stopped, "returns": [-900.0] * 3, "max_minutes": 12, "stopped": "after 12 minutes"}
     assert learning_tables.time_to_score("td3_pendulum", runs + [cut]) == "10 [6, 13] (2/3; 1 stopped at 12 min)"
+    with pytest.raises(SystemExit, match="its record times the score -150, settings.toml's is -200"):
+        learning_tables.time_to_score("td3_pendulum", [learning_tables.slim(full[1], -150)])
+
+
+def full_record(rng, side, seed, logged):
+    """A run of thousands of episodes on dqn_cartpole as learning.py reads it before `slim`: returns rising to the
+    score with noise, several episodes at a step, a losses/* scalar at every episode; `logged`: LeanRL's running mean
+    in their place."""
+    episodes = int(rng.integers(3000, 6000))
+    steps = np.sort(rng.integers(0, 500_000, episodes)).tolist()
+    seconds = (np.array(steps) / 5000 + 2 + np.sort(rng.uniform(0, 0.5, episodes))).tolist()
+    returns = np.clip(np.array(steps) / 800 + rng.normal(0, 80, episodes), 8, 500)
+    returns[:10] = 500  # a lucky start: its mean counts only once all 20 are in (LeanRL's logged mean at once)
+    returns = returns.tolist()
+    losses = {"losses/td_loss": [[step, 1 / value] for step, value in zip(steps, returns)]}
+    record = {
+        "task": "dqn_cartpole", "seed": seed, "side": side, "profile": "quick", "command": "python3.11 dqn.py",
+        "total_seconds": seconds[-1] + 1, "steps_done": 500_000, "seconds_from": "command", "steps": steps,
+        "seconds": seconds, "returns": returns, "losses": losses,
+    }  # fmt: skip
+    if side == "ours":
+        record["summary"] = {"script": "dqn.py", "env_id": "CartPole-v1", "eval_return_mean": 490.0 + seed}
+    else:
+        record.update(repository=f"fake/{side}", commit="0123456789")
+    if logged:
+        record.update(returns=learning_tables.smoothed(returns).tolist(), returns_kind="running mean of the last 20")
+    return record
+
+
+def test_slim_records_give_the_tables_of_their_full_curves(tmp_path):
+    """Records of thousands of episodes kept slim: final.md's and the README's cells are those of the full curves by
+    plain definitions (the mean of the last 20 episodes; the first episode at which it reached the score, all 20
+    there; LeanRL's logged mean as it is), each record tens of kB, its curve the running mean's means over equal bins
+    of steps; a folder of records that keep every episode is refused until --slim-records rewrote it."""
+    rng, runs, plain = np.random.default_rng(1), tmp_path / "runs", {}
+    runs.mkdir()
+    for side in ("ours", "CleanRL", "LeanRL"):
+        for seed in (1, 2, 3):
+            full = full_record(rng, side, seed, logged=side == "LeanRL")
+            returns, seconds, steps = full["returns"], full["seconds"], full["steps"]
+            means = (
+                returns
+                if side == "LeanRL"
+                else [np.mean(returns[max(end - 20, 0) : end]) for end in range(1, len(returns) + 1)]
+            )
+            reached = next(i for i in range(0 if side == "LeanRL" else 19, len(means)) if means[i] >= 475)
+            plain.setdefault(side, []).append((means[-1], seconds[reached]))
+            kept = learning_tables.slim(full, 475)
+            assert kept["final_return"] == pytest.approx(means[-1], rel=1e-12)
+            assert kept["reached"] == {"score": 475, "step": steps[reached], "seconds": seconds[reached]}
+            assert kept["episodes"] == len(returns) and len(json.dumps(kept)) < 30_000
+            edges = np.linspace(steps[0], steps[-1], learning_tables.CURVE_POINTS + 1)
+            bins = [[i for i, step in enumerate(steps) if low <= step < high or step == high == steps[-1]]
+                    for low, high in zip(edges, edges[1:])]  # fmt: skip
+            assert kept["curve"]["returns"] == pytest.approx(
+                [np.mean([means[i] for i in b]) for b in bins if b], rel=1e-3
+            )
+            assert kept["curve"]["steps"] == pytest.approx([np.mean([steps[i] for i in b]) for b in bins if b], abs=0.5)
+            assert len(kept["losses"]["losses/td_loss"]) <= learning_tables.LOSS_POINTS
+            (runs / f"dqn_cartpole__{side.lower()}__seed{seed}.json").write_text(json.dumps(full))
+    with pytest.raises(SystemExit, match="keeps every episode"):
+        learning_tables.load_records(tmp_path)
+    learning_tables.slim_records(tmp_path)
+    table = learning_tables.final_table(learning_tables.load_records(tmp_path))
+    readme = learning_tables.readme_table(tmp_path)
+    for side, figures in plain.items():
+        finals, times = [final for final, _ in figures], sorted(seconds for _, seconds in figures)
+        row = next(line for line in table.splitlines() if line.startswith(f"| dqn_cartpole | {side}:"))
+        reached = f"{np.median(times):.0f} [{times[0]:.0f}, {times[-1]:.0f}] (3/3)"
+        assert f"| {learning_tables.mean_std_interval(finals)} | 475 | {reached} |" in row
+        assert f"{side} {np.mean(finals):.1f}" in readme and f"{side} {np.median(times):.0f} (3/3)" in readme
 
 
 FAKE_CLEANRL_DQN_SLOW = """\
@@ -498,9 +585,9 @@ def test_the_learning_benchmark_stops_a_run_at_its_score_or_its_time_limit(tmp_p
     )
     assert reached["stopped"] == "at the score" and cut["stopped"] == "after 0.1 minutes"
     assert 57 <= reached["steps_done"] < 1999  # stopped before its end, on a loaded machine too
-    assert cut["total_seconds"] >= 6 and cut["steps_done"] == max(cut["steps"]) < 1999
-    seconds = learning_tables.seconds_to_score(reached, 475)
-    assert seconds < reached["total_seconds"] and learning_tables.seconds_to_score(cut, 475) is None
+    assert cut["total_seconds"] >= 6 and cut["curve"]["steps"][-1] <= cut["steps_done"] < 1999
+    seconds = reached["reached"]["seconds"]
+    assert seconds < reached["total_seconds"] and cut["reached"] == {"score": 475, "step": None, "seconds": None}
     learning_tables.collect(str(folder))
     table = (folder / "final.md").read_text()
     [row] = [line for line in table.splitlines() if "| dqn_cartpole |" in line]
