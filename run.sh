@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Reproduce every speed table: each benchmarks/<group>.sh in every mode, then the collector; or, with --learning,
-# the learning curves over seeds (benchmarks/learning.py); or, with --compare, ours beside LeanRL's and CleanRL's
-# scripts (benchmarks/compare.py). Every one of them reads its settings from benchmarks/settings.toml.
+# Reproduce every speed table: every row in every mode (benchmarks/speed.py; one algorithm's rows with --group),
+# then the collector; or, with --learning, the learning curves over seeds (benchmarks/learning.py); or, with
+# --compare, ours beside LeanRL's and CleanRL's scripts (benchmarks/compare.py). Every one of them reads its
+# settings from benchmarks/settings.toml.
 set -euo pipefail
 usage() {
     cat <<'TEXT'
-usage: ./run.sh [--learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--fasttd3 CLONE]
-                [--reference-python PY] [--jax-python PY] [--until-score] [--max-minutes M]] [--quick | --smoke]
-                [--results FOLDER]
+usage: ./run.sh [--group NAME] [--quick | --smoke] [--results FOLDER]
+       ./run.sh --learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--fasttd3 CLONE] [--reference-python PY]
+               [--jax-python PY] [--until-score] [--max-minutes M] [--quick | --smoke] [--results FOLDER]
        ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--fasttd3 CLONE] [--reference-python PY] [--jax-python PY]
                [--rounds N] [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
        any of them with --dry-run: print the commands it would run, run nothing
-Runs every script in every speed mode (benchmarks/<group>.sh), then writes the tables and the chart; with
+Runs every script in every speed mode (benchmarks/speed.py), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
   (no option)        full budgets: hours on a CPU
@@ -20,6 +21,8 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --smoke            tiny budgets, into a temporary folder unless --results names one
   --results FOLDER   where the run summaries, speed.md and speed.png go
                      (default: benchmarks/results/<machine-tag>/)
+  --group NAME       only the rows of group NAME in benchmarks/settings.toml, one algorithm's (sac, dqn_atari,
+                     ...; an unknown NAME is refused with the list), then the tables of FOLDER
   --learning         the learning benchmark (full budgets: CleanRL's, days on a CPU; --quick: hours)
   --seeds N          with --learning: seeds 1..N of each task (default 3)
   --cleanrl CLONE    with --learning: also run CleanRL's scripts (a clone of vwxyzjn/cleanrl) on the same
@@ -50,7 +53,7 @@ TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
 export BENCH_PROFILE=full
-learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=() dry_run=()
+learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=() dry_run=() group=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -60,6 +63,8 @@ while [ $# -gt 0 ]; do
         --learning) learning=1 ;;
         --dry-run) dry_run=(--dry-run) ;;
         --compare) compare=1 ;;
+        --group) [[ $# -ge 2 && $2 != -* ]] || refuse "--group needs a group of benchmarks/settings.toml, such as sac"
+            group=(--group "$2"); shift ;;
         --rounds|--budget-minutes|--run-timeout)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             compare_args+=("$1" "$2"); shift ;;
@@ -84,6 +89,7 @@ if [ ${#references[@]} -gt 0 ] && [ "$learning" = 0 ] && [ "$compare" = 0 ]; the
 fi
 if [ ${#compare_args[@]} -gt 0 ] && [ "$compare" = 0 ]; then refuse "${compare_args[0]} is an option of --compare"; fi
 if [ ${#learning_args[@]} -gt 0 ] && [ "$learning" = 0 ]; then refuse "${learning_args[0]} is an option of --learning"; fi
+if [ ${#group[@]} -gt 0 ] && [ $((learning + compare)) -gt 0 ]; then refuse "--group is an option of the speed runs"; fi
 cd "$(dirname "$0")"
 if [ "$BENCH_PROFILE" = smoke ] && [ -z "${RESULTS_DIR:-}" ] && [ ${#dry_run[@]} = 0 ]; then
     export RESULTS_DIR=$(mktemp -d)
@@ -98,7 +104,6 @@ if [ "$learning" = 1 ]; then
         ${RESULTS_DIR:+--results "$RESULTS_DIR/learning"} ${references[@]+"${references[@]}"} \
         ${learning_args[@]+"${learning_args[@]}"} ${dry_run[@]+"${dry_run[@]}"}
 fi
-for group in benchmarks/*.sh; do
-    bash "$group" ${dry_run[@]+"${dry_run[@]}"}
-done
+# speed.py refuses an unknown group itself, in one line that names the known ones (exit 2)
+"$PYTHON" benchmarks/speed.py ${group[@]+"${group[@]}"} ${dry_run[@]+"${dry_run[@]}"}
 if [ ${#dry_run[@]} = 0 ]; then "$PYTHON" benchmarks/collect.py ${RESULTS_DIR:+"$RESULTS_DIR"}; fi

@@ -144,7 +144,7 @@ def reference_line(references):
 
 
 def update_phase(phase):
-    """PPO-LSTM's update phase, timed by benchmarks/ppo_lstm.sh (lstm_update.json), as a table."""
+    """PPO-LSTM's update phase, timed by benchmarks/lstm_update.py (lstm_update.json), as a table."""
     return (
         f"\n### PPO-LSTM update phase: one minibatch ({phase['env_rows']} env rows x {phase['num_steps']} steps, "
         f"{phase['episode_starts']} episode starts, "
@@ -210,7 +210,7 @@ def main(folder):
         return 2
     references = read_json(f"{folder}/reference.json") or {}
     markdown = "\n".join(table(name, runs, references) for name, runs in results.items())
-    if phase := read_json(f"{folder}/lstm_update.json"):  # written by benchmarks/ppo_lstm.sh
+    if phase := read_json(f"{folder}/lstm_update.json"):  # written by ./run.sh --group ppo_lstm
         markdown += update_phase(phase)
     if profile := os.environ.get("BENCH_PROFILE"):  # set by run.sh: say which command made these numbers
         command = "./run.sh" if profile == "full" else f"./run.sh --{profile}"

@@ -1,7 +1,7 @@
 """Every script in every speed mode, with the same seed and budget: each row of settings.toml run once per mode, its
 summary kept as FOLDER/NAME__MODE.json, then its env-only ceiling (benchmarks/env_only.py) as NAME__env_only.json;
-a row with a `tool` keeps that program's output as its `output`. Each benchmarks/<group>.sh runs its group's rows,
-./run.sh every group; benchmarks/collect.py makes the tables of FOLDER.
+a row with a `tool` keeps that program's output as its `output`. With --group, only the rows of that group (an
+algorithm's table: ./run.sh --group G); without, every row (./run.sh); benchmarks/collect.py makes the tables of FOLDER.
 
     python benchmarks/speed.py [--group G] [--profile full|quick|smoke] [--modes "eager compile"] [--results FOLDER]
                                [--dry-run]
@@ -36,16 +36,17 @@ def commands(rows, names, profile, modes, env_only_steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--group", help="only the rows of benchmarks/GROUP.sh")
+    parser.add_argument("--group", help="only the rows of this group in settings.toml (default: every row)")
     parser.add_argument("--profile", choices=runner.PROFILES, default=os.environ.get("BENCH_PROFILE", "full"))
     parser.add_argument("--modes", default=os.environ.get("MODES", " ".join(runner.MODES)))
     parser.add_argument("--results", default=os.environ.get("RESULTS_DIR"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args()
     table = runner.settings()
+    groups = list(dict.fromkeys(row["group"] for row in table["rows"].values()))
+    if args.group not in (None, *groups):
+        parser.exit(2, f"error: no group '{args.group}' in settings.toml (its groups: {', '.join(groups)})\n")
     names = [name for name, row in table["rows"].items() if args.group in (None, row["group"])]
-    if not names:
-        parser.error(f"no rows in group {args.group}")
     python = os.environ.get("PYTHON", sys.executable)
     folder = None if args.dry_run else runner.results_folder(args.results)
     for output, words in commands(

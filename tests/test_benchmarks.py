@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 
 import numpy as np
 import pytest
@@ -76,6 +77,43 @@ def test_one_budget_changed_in_one_place_and_every_tool_follows(tmp_path):
         f"{PYTHON} -m torch.distributed.run --standalone --nproc-per-node 2 leanrl_scripts/ppo_atari_multigpu.py "
     )
     assert all(any(line.startswith(torchrun) for line in after[tool]) for tool in (0, 3))
+
+
+def test_run_sh_runs_one_groups_rows_or_every_row_and_refuses_an_unknown_group():
+    """`./run.sh --dry-run --group G` prints the commands of group G's rows of settings.toml alone (a script's modes
+    then its env-only ceiling, a tool's one run), the same lines `./run.sh --dry-run` prints for them; without --group,
+    every row's in the file's order; an unknown group is refused in one line that names the known ones."""
+    with open(os.path.join(ROOT, "benchmarks", "settings.toml"), "rb") as f:
+        rows = tomllib.load(f)["rows"]
+    four = ["eager", "compile", "cudagraphs", "compile+cudagraphs"]
+    outputs = {
+        name: [row["output"]]
+        if "tool" in row
+        else [*(f"{name}__{m}.json" for m in row.get("modes", four)), f"{name}__env_only.json"]
+        for name, row in rows.items()
+    }
+    env = {**{k: v for k, v in os.environ.items() if k != "MODES"}, "PYTHON": sys.executable}
+
+    def dry_run(*args):
+        command = ["bash", os.path.join(ROOT, "run.sh"), "--dry-run", *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    every = dry_run().stdout.splitlines()
+    assert [line.split(" > ")[-1] for line in every] == [output for name in rows for output in outputs[name]]
+    groups = list(dict.fromkeys(row["group"] for row in rows.values()))
+    assert len(groups) == 12
+    for group in groups:
+        expected = [output for name in rows if rows[name]["group"] == group for output in outputs[name]]
+        lines = dry_run("--group", group).stdout.splitlines()
+        assert [line.split(" > ")[-1] for line in lines] == expected
+        assert lines == [line for line in every if line.split(" > ")[-1] in expected]
+    unknown = dry_run("--group", "sacc")
+    assert (unknown.returncode, unknown.stdout) == (2, "") and unknown.stderr.splitlines() == [
+        f"error: no group 'sacc' in settings.toml (its groups: {', '.join(groups)})"
+    ]
+    for args, error in [(["--group"], "--group needs a group"), (["--group", "sac", "--learning"], "--group is an")]:
+        refused = dry_run(*args)
+        assert refused.returncode == 2 and refused.stderr.startswith(f"error: {error}"), refused.stderr
 
 
 def test_every_record_names_its_command_so_that_a_stranger_can_rerun_it():
@@ -198,7 +236,7 @@ def test_the_runner_stops_a_run_with_its_children(tmp_path):
 def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     """Every row of settings.toml in one of the four modes, eager, the collector's baseline (CI time: two modes took
     15 of a 2-core machine's minutes, one takes 6): each script's own tests run all four, and the collector's tables
-    of several modes are checked above. What this run checks is the plumbing of run.sh, every bench file and row."""
+    of several modes are checked above. What this run checks is the plumbing of run.sh, every group and row."""
     env = {**served_python_env(), "MODES": "eager"}  # each script's run forked with its imports done
     command = ["bash", os.path.join(ROOT, "run.sh"), "--smoke", "--results", str(tmp_path)]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
@@ -661,6 +699,7 @@ writer.close()
 # points, 2000 steps a second by their wall times at XLA's default threads and 500 at one, after a slow first update)
 FAKE_LEANRL_JAX = """\
 import time
+import tomllib
 
 import numpy as np
 import wandb

@@ -2,7 +2,7 @@
 (torch.compile of a plain Adam's step, inductor's kernels). Prints the median microseconds of each, three times, for
 the twin critics of SAC and TD3 on HalfCheetah and for DQN's CartPole network, their gradients set.
 
-    python benchmarks/adam_step.py [THREADS]
+    python benchmarks/studies/adam_step/adam_step.py [THREADS]
 """
 
 import statistics

@@ -3,10 +3,12 @@ as CleanRL's pqn.py and pqn_atari_envpool.py write it (nn.LayerNorm on the conti
 the greedy value gathered by index), and RAdam's step alone. Alternating, the median milliseconds of five rounds;
 Breakout on 2 threads (the scripts' choice on 2 cores), CartPole on 1.
 
-    python benchmarks/pqn_pieces.py
+    python benchmarks/studies/pqn_pieces/pqn_pieces.py
 """
 
+import os
 import statistics
+import sys
 import time
 from functools import partial
 
@@ -14,7 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import runner
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # runner.py, two folders up
+import runner  # noqa: E402
 
 
 def milliseconds(fn, calls):

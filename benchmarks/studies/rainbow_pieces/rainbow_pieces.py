@@ -6,17 +6,20 @@ time, as most implementations do (CleanRL's among them), and the replay's whole 
 transitions, batches of 32, alternating, the median milliseconds of five rounds, 2 threads (the scripts' choice on 2
 cores).
 
-    python benchmarks/rainbow_pieces.py
+    python benchmarks/studies/rainbow_pieces/rainbow_pieces.py
 """
 
+import os
 import statistics
+import sys
 import time
 from functools import partial
 
 import numpy as np
 import torch
 
-import runner
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # runner.py, two folders up
+import runner  # noqa: E402
 
 
 def milliseconds(fn, calls):

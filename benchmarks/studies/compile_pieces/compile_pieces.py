@@ -4,16 +4,18 @@ state, the same inputs, one call each in turn) and times them; prints each piece
 piece is timed with the update it belongs to: from its call to the last optimizer step before the next piece's call,
 so its backward (compiled with it, or eager) and the Adam step are in its row.
 
-    python benchmarks/compile_pieces.py [--threads N] SCRIPT.py --compile [SCRIPT ARGS...]
+    python benchmarks/studies/compile_pieces/compile_pieces.py [--threads N] SCRIPT.py --compile [SCRIPT ARGS...]
 """
 
 import argparse
 import itertools
 import os
 import statistics
+import sys
 import time
 
-import runner
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # runner.py, two folders up
+import runner  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the run (0: the script's choice)")

@@ -2,7 +2,7 @@
 time per env step of its pieces, and the learner's physical floor: the FLOPs of its matmuls and convolutions
 at the rate this machine's cores reach on a large matmul.
 
-    python benchmarks/profile_run.py [--threads N] [--steps S] [--flops] SCRIPT.py [SCRIPT ARGS...]
+    python benchmarks/studies/profile_run/profile_run.py [--threads N] [--steps S] [--flops] SCRIPT.py [SCRIPT ARGS...]
 
 Times come from cProfile (cumulative time of the script's functions and of the env's and the optimizer's
 steps), which adds about a microsecond per Python call, not per tensor op. torch.profiler was tried first: on
@@ -16,9 +16,11 @@ import argparse
 import cProfile
 import os
 import pstats
+import sys
 import time
 
-import runner
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # runner.py, two folders up
+import runner  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=1)

@@ -2,7 +2,7 @@
 
 In a backward pass through frozen weights (the actor's loss through the critics), the compiled graph saves
 ReLU masks as booleans, and on the CPU where the README's table was made that store costs over 10x eager's:
-    python benchmarks/inductor_relu_mask.py
+    python benchmarks/studies/inductor_relu_mask/inductor_relu_mask.py
 prints eager and compiled microseconds for ReLU with its mask, and for ReLU alone, on a 256x256 activation.
 """
 
