@@ -124,26 +124,39 @@ def assert_a_seed_learns(run_seed, learned, seeds=(1, 2, 3)):
     raise AssertionError("; ".join(scores))
 
 
-# A piece's equivalence test wraps it with each: without CUDA the graph passes the call through, so "both" computes
-# what "compile" does, and runs in the cuda tier only.
-SPEED_FLAGS = {"compile": (True, False), "cudagraphs": (False, True), "both": (True, True)}
+# A piece's equivalence test runs each of these against eager on the same device: (compile, cudagraphs, device). The
+# CUDA cases are the cuda tier's (without CUDA a graph passes the call through: eager against eager, which proves
+# nothing); the compiled one on a CPU is the fast tier's.
+SPEED_FLAGS = {
+    "compile": (True, False, "cpu"),
+    "compile-cuda": (True, False, "cuda"),
+    "cudagraphs": (False, True, "cuda"),
+    "compile+cudagraphs": (True, True, "cuda"),
+}
+CUDA_TIER = (pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+GRAPH_WARMUP = 2
+# Calls of a sped-up piece in an equivalence test: the warm-up ones, the call that captures the graph, two replays
+SPED_UP_CALLS = GRAPH_WARMUP + 3
 
 
-def speed_flag_names_here():
-    return list(SPEED_FLAGS) if torch.cuda.is_available() else ["compile", "cudagraphs"]
+def speed_flag_params(names=SPEED_FLAGS):
+    """`pytest.param`s of SPEED_FLAGS, the CUDA ones in the cuda tier."""
+    return [
+        pytest.param(SPEED_FLAGS[name], id=name, marks=CUDA_TIER if SPEED_FLAGS[name][2] == "cuda" else ())
+        for name in names
+    ]
 
 
 def speed_flags_here():
-    """`flags` parameters of an equivalence test on this machine: (compile, cudagraphs), named."""
-    names = speed_flag_names_here()
-    return pytest.mark.parametrize("flags", [SPEED_FLAGS[name] for name in names], ids=names)
+    """`flags` parameters of an equivalence test: (compile, cudagraphs, device), named."""
+    return pytest.mark.parametrize("flags", speed_flag_params())
 
 
 def speed_up(fn, compile, cudagraphs):
-    """A piece wrapped as the scripts wrap theirs: torch.compile, then a CUDA graph after 5 warm-up calls (without
-    CUDA, CudaGraphModule passes the call through, which still checks the piece's calling convention)."""
+    """A piece wrapped as the scripts wrap theirs: torch.compile, then a CUDA graph after its warm-up calls (fewer
+    than the scripts' 5, so that a test reaches the capture and the replays in a few calls)."""
     fn = torch.compile(fn) if compile else fn
-    return CudaGraphModule(fn, warmup=5) if cudagraphs else fn
+    return CudaGraphModule(fn, warmup=GRAPH_WARMUP) if cudagraphs else fn
 
 
 def assert_same_seed_same_numbers(script, args, workdir, keys, second_flags=()):

@@ -50,6 +50,7 @@ OTHER_COMMANDS = {
     "--busy",
     "--dry-run",
     "--group",
+    "--durations",  # pytest's
 }
 # "Flags every script has", but for these scripts, whose row names what they have instead.
 EXCEPT_IN = {"--num-envs": {"impala_ray.py", "ppo_atari_multigpu.py"}}  # actors; --local-num-envs per process

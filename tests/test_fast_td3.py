@@ -15,6 +15,7 @@ import torch._inductor.config as inductor_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from checks import (
+    SPED_UP_CALLS,
     SUMMARY_KEYS,
     assert_compiled_as_designed,
     assert_same_seed_same_numbers,
@@ -190,15 +191,18 @@ def test_n_step_windows_equal_a_plain_walk_of_each_env():
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
 def test_sped_up_updates_equal_eager_ones(flags):
     module = load_script(SCRIPT)
+    device = flags[2]
     sides = []
-    for compiled, graphed in ((False, False), flags):
-        _, actor, qnet, target_qnet, normalizer = networks()
+    for compiled, graphed, _ in ((False, False, device), flags):
+        with torch.device(device):
+            _, actor, qnet, target_qnet, normalizer = networks()
         view = module.detached_view(qnet)
         critic_loss, actor_loss = (
             torch.compile(f, disable=not compiled) for f in (module.critic_loss, module.actor_loss)
         )
-        adamw = partial(torch.optim.AdamW, weight_decay=0.1, lr=torch.tensor(1e-3))
-        autocast = torch.autocast("cpu", enabled=False)
+        lr = torch.tensor(1e-3, device=device)
+        adamw = partial(torch.optim.AdamW, weight_decay=0.1, lr=lr, fused=True, capturable=graphed)
+        autocast = torch.autocast(torch.device(device).type, enabled=False)
         critic_step = partial(
             module.update_critics,
             loss_fn=critic_loss,
@@ -208,7 +212,7 @@ def test_sped_up_updates_equal_eager_ones(flags):
             normalizer=normalizer,
             qnet=qnet,
             target_qnet=target_qnet,
-            support=SUPPORT,
+            support=SUPPORT.to(device),
             args=ARGS,
         )
         actor_step = partial(
@@ -219,13 +223,13 @@ def test_sped_up_updates_equal_eager_ones(flags):
             actor=actor,
             normalizer=normalizer,
             qnet_view=view,
-            support=SUPPORT,
+            support=SUPPORT.to(device),
             use_cdq=True,
         )
         critic_step, actor_step = (speed_up(step, False, graphed) for step in (critic_step, actor_step))
         sides.append((actor, qnet, critic_step, actor_step))
-    for step in range(3):  # the first calls also cover AdamW's state initialisation and any recompile
-        batch = make_batch(seed=step)
+    for step in range(SPED_UP_CALLS):  # the first calls also cover AdamW's state initialisation and any recompile
+        batch = [tensor.to(device) for tensor in make_batch(seed=step)]
         results = []
         for _, _, critic_step, actor_step in sides:
             torch.manual_seed(100 + step)

@@ -11,7 +11,7 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.nn as nn
 
-from checks import speed_flags_here, speed_up
+from checks import SPED_UP_CALLS, speed_flags_here, speed_up
 from script_runs import load_script
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
@@ -221,16 +221,17 @@ def test_sac_log_prob_matches_torch_distributions():
     assert ((actions >= torch.tensor(SPACE.low)) & (actions <= torch.tensor(SPACE.high))).all()
 
 
-def build(script, flags=(False, False), seed=0, critic_class=None):
+def build(script, flags=(False, False, "cpu"), seed=0, critic_class=None):
     """Networks, optimizers and the script's update pieces bound to them, as the script's main block does: the
-    losses compiled (flags[0]), their updates in CUDA graphs (flags[1]); `critic_class` in place of the script's."""
+    losses compiled (flags[0]), their updates in CUDA graphs (flags[1]) on flags[2]; `critic_class` in place of the
+    script's."""
     module = load_script(script)
     torch.manual_seed(seed)
     actor = module.Actor(OBS_DIM, SPACE)
     qnet = module.Ensemble(partial(critic_class or getattr(module, CRITICS[script]), OBS_DIM, ACT_DIM))
     target_qnet = copy.deepcopy(qnet).requires_grad_(False)
     qnet_view = module.detached_view(qnet) if script.startswith("sac") else module.detached_view(qnet.members[0])
-    adam = partial(torch.optim.Adam, fused=True)
+    adam = partial(torch.optim.Adam, fused=True, capturable=flags[1])
     q_optimizer, actor_optimizer = (
         adam(qnet.parameters(), lr=torch.tensor(1e-3)),
         adam(actor.parameters(), lr=torch.tensor(1e-3)),
@@ -340,15 +341,16 @@ def test_actor_update_leaves_the_critics_untouched(script):
 @pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
 @inductor_config.patch(fallback_random=True)  # else inductor draws its own random numbers, not eager's
 def test_sped_up_updates_equal_eager_ones(script, layer_norm, flags):
-    """The scripts' wrapping (checks.speed_up): without CUDA, CudaGraphModule passes the call through, which
-    still checks the pieces' calling convention (plain tensors in, a dict of tensors out). With a LayerNorm added to
-    the critic's definition, the same pieces train it in every mode."""
+    """The scripts' wrapping (checks.speed_up) against eager on the same device, the graphs captured and replayed on
+    the GPU. With a LayerNorm added to the critic's definition, the same pieces train it in every mode."""
     critic_class = getattr(load_script(script), CRITICS[script])
     critic_class = with_layer_norm(critic_class) if layer_norm else None
-    eager_nets, eager_critic, eager_actor = build(script, critic_class=critic_class)
-    compiled_nets, compiled_critic, compiled_actor = build(script, flags, critic_class=critic_class)
-    for step in range(3):  # the first calls also cover Adam's state initialisation and any recompile
-        batch = make_batch(seed=step)
+    device = flags[2]
+    with torch.device(device):
+        eager_nets, eager_critic, eager_actor = build(script, (False, False, device), critic_class=critic_class)
+        compiled_nets, compiled_critic, compiled_actor = build(script, flags, critic_class=critic_class)
+    for step in range(SPED_UP_CALLS):  # the first calls also cover Adam's state initialisation and any recompile
+        batch = [tensor.to(device) for tensor in make_batch(seed=step)]
         results = []
         for critic_step, actor_step in ((eager_critic, eager_actor), (compiled_critic, compiled_actor)):
             torch.manual_seed(100 + step)

@@ -17,6 +17,7 @@ from checks import (
     ATARI_SCREEN,
     CARTPOLE_SCREEN,
     RECORD,
+    SPED_UP_CALLS,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
@@ -188,10 +189,13 @@ def test_the_channels_last_layer_norm_is_nn_layer_norm():
 
 
 def build_update(script, flags):
+    """The script's update on a fresh network on flags[2], its loss compiled (flags[0]), in a CUDA graph (flags[1])."""
     module = load_script(script)
     torch.manual_seed(0)
-    q_network = network(script)
-    optimizer = torch.optim.RAdam(q_network.parameters(), lr=torch.tensor(2.5e-4))
+    with torch.device(flags[2]):
+        q_network = network(script)
+        learning_rate = torch.tensor(2.5e-4)
+    optimizer = torch.optim.RAdam(q_network.parameters(), lr=learning_rate, capturable=flags[1])
     loss_fn = torch.compile(module.td_loss, disable=not flags[0])
     update = partial(module.update, loss_fn=loss_fn, q_network=q_network, optimizer=optimizer, max_grad_norm=10.0)
     return q_network, speed_up(update, False, flags[1])  # the loss compiled, the update in a CUDA graph: as the script
@@ -201,20 +205,22 @@ def build_update(script, flags):
 @speed_flags_here()
 @inductor_config.patch(fallback_random=True)
 def test_sped_up_update_and_policy_equal_eager(script, flags):
-    eager_network, eager_update = build_update(script, (False, False))
+    device = flags[2]
+    eager_network, eager_update = build_update(script, (False, False, device))
     fast_network, fast_update = build_update(script, flags)
     module = load_script(script)
-    for step in range(3):
-        batch = module.Batch(*minibatch(script, torch.Generator().manual_seed(step)))
+    for step in range(SPED_UP_CALLS):
+        batch = module.Batch(*(t.to(device) for t in minibatch(script, torch.Generator().manual_seed(step))))
         expected, got = eager_update(batch), fast_update(batch)
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], atol=1e-4, rtol=1e-4)
     for name, value in eager_network.state_dict().items():
         torch.testing.assert_close(fast_network.state_dict()[name], value, atol=1e-5, rtol=1e-4)
-    obs = minibatch(script, torch.Generator().manual_seed(9))[0]
-    policy = speed_up(partial(module.policy, q_network=fast_network), *flags)
+    obs = minibatch(script, torch.Generator().manual_seed(9))[0].to(device)
+    policy = speed_up(partial(module.policy, q_network=fast_network), *flags[:2])
     with torch.no_grad():
-        actions, values = policy(obs, torch.tensor(0.0))
+        for _ in range(SPED_UP_CALLS):  # the last one a replay
+            actions, values = policy(obs, torch.tensor(0.0, device=device))
         q_values = fast_network(obs)
     assert torch.equal(actions, q_values.argmax(-1))
     torch.testing.assert_close(values, q_values.max(-1).values, atol=1e-5, rtol=1e-5)

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 import torch.nn.functional as F
-from scipy import stats
 
 from checks import (
     ATARI_SCREEN,
     RECORD,
+    SPED_UP_CALLS,
     SUMMARY_KEYS,
     assert_a_seed_learns,
     assert_beats_random,
@@ -108,6 +108,8 @@ def test_the_device_tree_finds_the_leaves_a_plain_sum_tree_finds():
 def test_draws_follow_the_priorities_by_a_chi_square_test():
     """64,000 stratified draws (2,000 batches of 32, as the script draws) from priorities with a long tail: the
     counts of both trees fit the probabilities p / sum p (chi-square p-value above 0.001), and no zero is drawn."""
+    from scipy import stats  # here: the GPU machine that runs the cuda tier has no SciPy
+
     rng = np.random.default_rng(1)
     priorities = rng.pareto(1.5, size=200) * (rng.random(200) > 0.2)
     tree, plain = both_trees(priorities)
@@ -352,11 +354,16 @@ def test_noise_is_drawn_once_per_forward_pass_as_the_paper_samples():
 
 
 def build_update(flags, rb):
-    """The script's update on a fresh network pair and optimizer, sped up as `flags` (compile, cudagraphs) say."""
-    module, q_network, target_network = networks()
-    support = torch.linspace(-10, 10, 51)
-    compile, cudagraphs = flags
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=torch.tensor(1e-3), eps=1.5e-4, fused=True)
+    """The script's update on a fresh network pair and optimizer, sped up as `flags` (compile, cudagraphs, device)
+    say."""
+    compile, cudagraphs, device = flags
+    with torch.device(device):
+        module, q_network, target_network = networks()
+        support = torch.linspace(-10, 10, 51)
+        learning_rate = torch.tensor(1e-3)
+    optimizer = torch.optim.Adam(
+        q_network.parameters(), lr=learning_rate, eps=1.5e-4, fused=True, capturable=cudagraphs
+    )
     update = partial(
         module.update,
         sample_fn=torch.compile(rb.sample) if compile else rb.sample,
@@ -374,14 +381,15 @@ def build_update(flags, rb):
 @speed_flags_here()
 @inductor_config.patch(fallback_random=True)
 def test_sped_up_update_and_policy_equal_eager(flags):
-    """Three updates from the same replay and seed (inductor draws its random numbers as eager does here): the same
+    """Updates from the same replay and seed (inductor draws its random numbers as eager does here): the same
     metrics, weights and priorities; then the compiled acting step picks the eager one's actions."""
+    device = torch.device(flags[2])
     results = []
-    for speed in ((False, False), flags):
-        rb, _ = filled_replay()
+    for speed in ((False, False, device), flags):
+        rb, _ = filled_replay(device=device)
         q_network, update = build_update(speed, rb)
         torch.manual_seed(5)
-        metrics = [update(torch.tensor(0.5)) for _ in range(3)]
+        metrics = [update(torch.tensor(0.5, device=device)) for _ in range(SPED_UP_CALLS)]
         results.append((q_network, metrics, rb.tree.leaves.clone()))
     (eager_network, eager_metrics, eager_leaves), (fast_network, fast_metrics, fast_leaves) = results
     for expected, got in zip(eager_metrics, fast_metrics):
@@ -391,12 +399,13 @@ def test_sped_up_update_and_policy_equal_eager(flags):
         torch.testing.assert_close(fast_network.state_dict()[name], value, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(fast_leaves, eager_leaves, atol=1e-5, rtol=1e-4)
     module = load_script(SCRIPT)
-    support = torch.linspace(-10, 10, 51)
-    obs = made_up_batch(9)[0]
-    policy = speed_up(partial(module.policy, q_network=fast_network, support=support), *flags)
+    support = torch.linspace(-10, 10, 51, device=device)
+    obs = made_up_batch(9)[0].to(device)
+    policy = speed_up(partial(module.policy, q_network=fast_network, support=support), *flags[:2])
     with torch.no_grad():
-        torch.manual_seed(6)
-        actions = policy(obs)
+        for _ in range(SPED_UP_CALLS):  # the last one a replay
+            torch.manual_seed(6)
+            actions = policy(obs)
         torch.manual_seed(6)
         expected = module.policy(obs, q_network=fast_network, support=support)
     assert torch.equal(actions, expected)
