@@ -17,7 +17,9 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
 
 Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock,
 SilentSinks and Sinks, SignalWatcher; each part's private helpers stand right above it, Run's own (the run folder, the
-held warnings, the CPU threads, the memory check, the summary) right above Run.
+held warnings, the CPU threads, the memory check, the summary) right above Run. A script calls a part's other jobs
+on the part itself, run.clock and run.sinks: an actor's env time (run.clock.add_env_seconds), a rate over the steady
+phase (run.clock.per_steady_second), the recent training return (run.sinks.recent_return).
 
 Exit codes: 2 bad input, before any work; 1 a non-finite value or an exception in the training (no model saved: it
 may be half updated) or in the evaluation (the training's summary and model kept); 128 + the signal after Ctrl-C
@@ -314,6 +316,7 @@ class Clock:
         self.steps_done = None
 
     def add_env_seconds(self, seconds):
+        """Env time measured outside run.timed_env_call (an actor process's), counted into the summary's env_seconds."""
         self.env_seconds += seconds
 
     def start(self, step):
@@ -344,6 +347,7 @@ class Clock:
         self.steady_seconds = time.perf_counter() - self.steady_time
 
     def per_steady_second(self, count):
+        """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
         return count / self.steady_seconds if self.steady_steps > 0 else None
 
     def figures(self):
@@ -386,6 +390,7 @@ class SilentSinks:
                 self.record_episode(step, episode_return, length)
 
     def recent_return(self):
+        """The mean return of the last 20 training episodes (the summary's return_mean), nan before the first."""
         return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
 
     def figures(self, eval_returns):
@@ -691,6 +696,7 @@ class Run:
         self.writing = threading.Lock()
         self.show_held_warnings = _hold_warnings()
 
+    # Run's own jobs (not forwards): the rules above Run, given the run's --torch-threads and device
     def tune_cpu(self, threads, keep_freed_memory=False):
         """torch's CPU threads (_tune_cpu: --torch-threads, else one on CUDA, else `threads`), before tensor work."""
         _tune_cpu(self.args.torch_threads, self.device, threads, keep_freed_memory)
@@ -725,10 +731,8 @@ class Run:
         self.clock.add_env_seconds(time.perf_counter() - start)
         return result
 
-    def add_env_seconds(self, seconds):
-        """Env time that another process (an actor) reports, counted into the summary's env_seconds."""
-        self.clock.add_env_seconds(seconds)
-
+    # The loop's calls stay on the run: each script makes them where the module's docstring shows them, its lifecycle
+    # in the run's calls (through run.clock or run.sinks, each call would cost every script two tokens more)
     def start_speed_measure(self, step):
         """Starts the speed figure at the first call (Clock.start); later calls do nothing."""
         self.clock.start(step)
@@ -736,10 +740,6 @@ class Run:
     def record_episode(self, step, episode_return, length=None):
         """A finished training episode, to the sinks."""
         self.sinks.record_episode(step, episode_return, length)
-
-    def recent_return(self):
-        """The mean return of the last 20 training episodes (the summary's return_mean), nan before the first."""
-        return self.sinks.recent_return()
 
     def record_gymnasium_episodes(self, step, infos):
         """A gymnasium vector step's ended episodes (SilentSinks.record_gymnasium_episodes), to the sinks."""
@@ -771,10 +771,6 @@ class Run:
         with self.stoppable():
             self.log(step, losses)
         self.sinks.end_progress()
-
-    def per_steady_second(self, count):
-        """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
-        return self.clock.per_steady_second(count)
 
     def exit_code(self):
         """0, or the exit code of the stop that ended the training (1: a failure, such as a diverged loss)."""
