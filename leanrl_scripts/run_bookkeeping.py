@@ -15,11 +15,11 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
     run.end_training(step, metrics)
     sys.exit(run.write_and_evaluate(evaluate, summary))  # summary.json and model.pt, then the evaluation; the exit code
 
-Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock,
-SilentSinks and Sinks, SignalWatcher; each part's private helpers stand right above it, Run's own (the run folder, the
-held warnings, the CPU threads, the memory check, the summary) right above Run. A script calls a part's other jobs
-on the part itself, run.clock and run.sinks: an actor's env time (run.clock.add_env_seconds), a rate over the steady
-phase (run.clock.per_steady_second), the recent training return (run.sinks.recent_return).
+Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock, SilentSinks
+and Sinks, SignalWatcher; each part's private helpers stand right above it, Run's own (the run folder, the held
+warnings, the CPU threads, the memory check, the summary, the processes it started) right above Run. A script calls a
+part's other jobs on the part itself, run.clock and run.sinks: an actor's env time (run.clock.add_env_seconds), a rate
+over the steady phase (run.clock.per_steady_second), the recent training return (run.sinks.recent_return).
 
 Exit codes: 2 bad input, before any work; 1 a non-finite value or an exception in the training (no model saved: it
 may be half updated) or in the evaluation (the training's summary and model kept); 128 + the signal after Ctrl-C
