@@ -446,6 +446,7 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
             if ended.any():
                 games = [((step + 1) * args.num_envs, *game) for game in zip(scores[ended], lengths[ended])]
                 reports.put(("games", games, env_seconds))
+                env_seconds = 0.0
                 scores[ended] = 0
                 lengths[ended] = 0
             obs = next_obs
@@ -463,7 +464,6 @@ class ActorProcess:
     def __init__(self, ctx, args, rb, limiter, q_network, device):
         self.limiter = limiter
         self.reports = ctx.Queue()
-        self.env_seconds = 0.0
         self.error = None
         self.q_network = copy.deepcopy(q_network).cpu().requires_grad_(False).share_memory()
         self.params, self.weights_lock = from_module(self.q_network), ctx.Lock()
@@ -497,8 +497,7 @@ class ActorProcess:
             games, env_seconds = content
             for step, score, length in games:
                 run.record_episode(step, score, length)
-            run.add_env_seconds(env_seconds - self.env_seconds)
-            self.env_seconds = env_seconds
+            run.clock.add_env_seconds(env_seconds)
 
     def stop(self, run, timeout=5):
         """Ends the actor, draining its queue (unread data blocks an exit)."""

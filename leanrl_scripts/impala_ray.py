@@ -794,7 +794,8 @@ if __name__ == "__main__":
                 lags.append(num_updates - result["version"])
                 actor_steps, global_step = actor_steps + steps_per_call, global_step + steps_per_call
                 actor_busy += result["seconds"]
-                run.add_env_seconds(result["env_seconds"] / args.num_actors)  # per actor: each steps its envs in turn
+                # per actor: each steps its envs in turn
+                run.clock.add_env_seconds(result["env_seconds"] / args.num_actors)
                 for episode_return in result["returns"]:
                     run.record_episode(global_step, episode_return)
 
@@ -823,10 +824,10 @@ if __name__ == "__main__":
     run.end_training(global_step, metrics)
     ray.shutdown()
 
-    steady_updates = num_updates - min(num_updates, args.measure_burnin)
+    steady_updates = num_updates - args.measure_burnin
     summary = dict(num_envs=args.num_actors * envs_per_actor, num_actors=args.num_actors, envs_per_actor=envs_per_actor)
     summary.update(replay_ratio=args.replay_ratio, ray_address=args.ray_address or "local", num_updates=num_updates)
-    summary["learner_updates_per_second"] = run.per_steady_second(steady_updates)
+    summary["learner_updates_per_second"] = run.clock.per_steady_second(steady_updates)
     # what the actors would produce if they never waited: their steps over the time their calls took
     summary["actor_sps"] = actor_steps / actor_busy * args.num_actors if actor_busy > 0 else None
     summary.update(learner_wait_seconds=learner_wait, policy_lag_mean=float(np.mean(lags)) if lags else None)

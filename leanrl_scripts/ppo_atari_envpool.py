@@ -338,8 +338,9 @@ if __name__ == "__main__":
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
             returns_var = batch.returns.var(correction=0).clamp_min(1e-8)
             metrics["explained_variance"] = 1 - (batch.returns - batch.values).var(correction=0) / returns_var
-            recent = run.recent_return()
-            run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
+            run.log(
+                global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=run.sinks.recent_return())
+            )
     run.end_training(global_step, metrics)
     envs.close()
 

@@ -358,8 +358,9 @@ if __name__ == "__main__":
             for t in storage:
                 t[:carried] = t[T : T + carried].clone()
             row_of_env -= T
-            recent = run.recent_return()
-            run.log(global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=recent))
+            run.log(
+                global_step, metrics, charts=dict(learning_rate=lr_now, avg_episodic_return=run.sinks.recent_return())
+            )
     run.end_training(global_step, metrics)
     envs.close()
 

@@ -319,8 +319,11 @@ if __name__ == "__main__":
                     num_updates += 1
             # means over minibatches, read in the log's one sync
             metrics = {key: torch.stack([m[key] for m in minibatch_metrics]).mean() for key in minibatch_metrics[0]}
-            recent = run.recent_return()  # CleanRL's last 20 games
-            charts = dict(learning_rate=lr_now, epsilon=epsilon_at(global_step, args), avg_episodic_return=recent)
+            charts = dict(
+                learning_rate=lr_now,
+                epsilon=epsilon_at(global_step, args),
+                avg_episodic_return=run.sinks.recent_return(),  # CleanRL's last 20 games
+            )
             run.log(global_step, metrics, charts=charts)
     run.end_training(global_step, metrics)
     envs.close()

@@ -15,8 +15,11 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
     run.end_training(step, metrics)
     sys.exit(run.write_and_evaluate(evaluate, summary))  # summary.json and model.pt, then the evaluation; the exit code
 
-Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock,
-SilentSinks and Sinks, SignalWatcher.
+Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock, SilentSinks
+and Sinks, SignalWatcher; each part's private helpers stand right above it, Run's own (the run folder, the held
+warnings, the CPU threads, the memory check, the summary, the processes it started) right above Run. A script calls a
+part's other jobs on the part itself, run.clock and run.sinks: an actor's env time (run.clock.add_env_seconds), a rate
+over the steady phase (run.clock.per_steady_second), the recent training return (run.sinks.recent_return).
 
 Exit codes: 2 bad input, before any work; 1 a non-finite value or an exception in the training (no model saved: it
 may be half updated) or in the evaluation (the training's summary and model kept); 128 + the signal after Ctrl-C
@@ -106,21 +109,6 @@ class Flag:
     ]
 
 
-def _check_allowed(args):
-    """Each flag's value against the Allowed in its type (`Flag.X | None` too): one line, exit code 2, outside it."""
-    for name, hint in typing.get_type_hints(type(args), include_extras=True).items():
-        metadata = [meta for part in (hint, *typing.get_args(hint)) for meta in getattr(part, "__metadata__", ())]
-        for allowed in [meta for meta in metadata if isinstance(meta, Allowed)]:  # tyro's markers are left to tyro
-            flag, value, bound = "--" + name.replace("_", "-"), getattr(args, name), ()
-            if allowed.other is not None:
-                other = "--" + allowed.other.replace("_", "-")
-                if not hasattr(args, allowed.other):
-                    fail(f"{flag} is checked against {other}, which {_script_name()}.py lacks")
-                bound = (getattr(args, allowed.other),)
-            if value is not None and not allowed.valid(value, *bound):  # nan fails every comparison: refused too
-                fail(f"{flag} " + allowed.refusal.format(value=value, bound=f"{other} {bound[0]}" if bound else ""))
-
-
 def _script_name():  # the script being run, without .py
     return os.path.basename(getattr(sys.modules["__main__"], "__file__", "script.py")).removesuffix(".py")
 
@@ -167,75 +155,6 @@ def check_spaces(env_id, actions, needs, observations=None, flat=None, hint="thi
         fail(f"{env_id} has observations {observations}: {hint}")
 
 
-def _check_fits(num_bytes, device, flag):
-    """A buffer larger than the device's memory fails now (exit code 2), not hours later as its pages fill."""
-    cuda = device.type == "cuda"
-    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if num_bytes > total:
-        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
-
-
-def _cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        return int(quota) / int(period)
-    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
-        return None
-
-
-def usable_cores():
-    """The cores this process may run on: its CPU affinity, capped by a container's quota."""
-    cores = len(os.sched_getaffinity(0))
-    quota = _cpu_quota()
-    return cores if quota is None else max(1, min(cores, int(quota)))
-
-
-def _jiffies():  # per core: idle (with iowait) and total
-    with open("/proc/stat") as f:
-        rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-    return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
-
-
-def _idle_cores(seconds=0.2):  # the usable cores' idle shares over `seconds`, summed; None where /proc does not say
-    try:
-        cores = os.sched_getaffinity(0)
-        before = _jiffies()
-        time.sleep(seconds)
-        after = _jiffies()
-    except (OSError, AttributeError, ValueError):
-        return None
-    cores &= before.keys() & after.keys()
-    idle = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores)
-    quota = _cpu_quota()
-    return idle if quota is None else min(idle, quota)
-
-
-def _tune_cpu(requested, device, threads, keep_freed_memory=False):
-    """Sets torch's CPU threads once, before any tensor work, and returns them: --torch-threads, else OMP_NUM_THREADS,
-    else one on CUDA (idle pool threads would compete with the envs), else `threads`: a count, or "idle", the cores
-    at least 75% idle at start (a second thread buys small layers 1.2-1.5x on an idle machine and costs 3-4x beside
-    busy processes). The summary records the count: --torch-threads repeats a run as it ran. `keep_freed_memory`:
-    glibc gives large blocks back to the OS, so each minibatch's activations (tens of MB) were faulted in again;
-    fixed thresholds keep them (1.03-1.13x the SPS on 2 cores, docs/speed.md)."""
-    if requested or os.environ.get("OMP_NUM_THREADS"):
-        threads = requested or torch.get_num_threads()
-    elif device.type == "cuda":
-        threads = 1
-    elif threads == "idle":
-        idle = _idle_cores()
-        threads = 1 if idle is None else int(idle + 0.25)
-    torch.set_num_threads(max(1, threads))
-    if keep_freed_memory:
-        try:
-            mallopt = ctypes.CDLL("libc.so.6").mallopt
-            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
-            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
-        except (OSError, AttributeError):  # macOS, musl: other C libraries are left alone
-            pass
-    return torch.get_num_threads()
-
-
 class Stopped(Exception):
     """Ends `with run.stoppable()`: the run keeps it as its reason, exits with `exit_code` and saves the model as it
     stood (--save-model) unless `keep_model` is False (a diverged one)."""
@@ -269,73 +188,19 @@ def game_mp4(folder, first_frame, fps=15):
     return writer
 
 
-def _write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
-    try:
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-    except OSError as error:
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
-        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
-        sys.exit(1)
-
-
-def _load_keeping_settings(optimizer, saved):  # the optimizer's state from a checkpoint, its settings the script's
-    # Optimizer.load_state_dict brings back the saved param groups: their lr (the checkpoint's tensor, so the script's
-    # in-place schedule would no longer reach the optimizer) and capturable (an eager run's checkpoint would then fail
-    # Adam's capture check under --cudagraphs). The saved groups get the script's settings before loading (they place
-    # Adam's step counts: on the device when capturable or fused), and the script's own lr tensor is put back after.
-    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
-    groups = [{**group, **own, "params": group["params"]} for group, own in zip(saved["param_groups"], settings)]
-    optimizer.load_state_dict({**saved, "param_groups": groups})
-    for group, own in zip(optimizer.param_groups, settings):
-        group.update(own)
-
-
-def _state_of(state):  # what a checkpoint keeps of one of save_and_load's states
-    return state.detach().clone() if isinstance(state, torch.Tensor) else state.state_dict()
-
-
-def _mujoco():  # MuJoCo's module where it is installed (its envs print their compiler's warnings themselves)
-    try:
-        import mujoco
-    except ImportError:
-        return None
-    return mujoco
-
-
-def _graph_counts():  # torch.compile's graphs and graph breaks so far in this process
-    if "torch._dynamo" not in sys.modules:
-        return 0, 0
-    counters = sys.modules["torch._dynamo"].utils.counters
-    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-
-
-def _run_folder(args, mode):  # runs/<env>__<script>__<seed>__<mode>__<time>, made by Sinks
-    env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
-    name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}")
-    # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
-    return next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
-
-
-def _write_summary(folder, record, announce=True):  # summary.json, then its line of figures and the SPEED line
-    record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
-    _write_atomic(os.path.join(folder, "summary.json"), json.dumps(record, indent=1).encode())
-    if not announce:
-        return
-    evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"
-    print(f"{record['steps_done']} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {folder}")
-    print("SPEED " + json.dumps(record), flush=True)
-
-
-def _descendants(pid):  # the processes `pid` started (an actor process, Ray's), theirs too
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(child) for child in f.read().split()]
-    except OSError:
-        return []
-    return children + [grandchild for child in children for grandchild in _descendants(child)]
+def _check_allowed(args):
+    """Each flag's value against the Allowed in its type (`Flag.X | None` too): one line, exit code 2, outside it."""
+    for name, hint in typing.get_type_hints(type(args), include_extras=True).items():
+        metadata = [meta for part in (hint, *typing.get_args(hint)) for meta in getattr(part, "__metadata__", ())]
+        for allowed in [meta for meta in metadata if isinstance(meta, Allowed)]:  # tyro's markers are left to tyro
+            flag, value, bound = "--" + name.replace("_", "-"), getattr(args, name), ()
+            if allowed.other is not None:
+                other = "--" + allowed.other.replace("_", "-")
+                if not hasattr(args, allowed.other):
+                    fail(f"{flag} is checked against {other}, which {_script_name()}.py lacks")
+                bound = (getattr(args, allowed.other),)
+            if value is not None and not allowed.valid(value, *bound):  # nan fails every comparison: refused too
+                fail(f"{flag} " + allowed.refusal.format(value=value, bound=f"{other} {bound[0]}" if bound else ""))
 
 
 def check_flags(args):
@@ -364,26 +229,32 @@ def check_flags(args):
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
 
 
-def _hold_warnings():
-    """Holds the warnings raised while the envs are made and a checkpoint checked (gymnasium's deprecated ids, and
-    MuJoCo's compiler warnings, which MuJoCo prints itself): a refusal before the run starts is its one line alone.
-    Returns the function that shows them."""
-    holding = warnings.catch_warnings(record=True)
-    held = holding.__enter__()
-    mujoco, printed = _mujoco(), []
-    if mujoco:
-        mujoco.set_mju_user_warning(printed.append)
+def _write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        sys.exit(1)
 
-    def show():
-        holding.__exit__(None, None, None)
-        if mujoco:
-            mujoco.set_mju_user_warning(None)  # MuJoCo's own printing again
-            for text in printed:
-                print(f"WARNING: {text}", file=sys.stderr)
-        for warning in held:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
-    return show
+def _load_keeping_settings(optimizer, saved):  # the optimizer's state from a checkpoint, its settings the script's
+    # Optimizer.load_state_dict brings back the saved param groups: their lr (the checkpoint's tensor, so the script's
+    # in-place schedule would no longer reach the optimizer) and capturable (an eager run's checkpoint would then fail
+    # Adam's capture check under --cudagraphs). The saved groups get the script's settings before loading (they place
+    # Adam's step counts: on the device when capturable or fused), and the script's own lr tensor is put back after.
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    groups = [{**group, **own, "params": group["params"]} for group, own in zip(saved["param_groups"], settings)]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
+    for group, own in zip(optimizer.param_groups, settings):
+        group.update(own)
+
+
+def _state_of(state):  # what a checkpoint keeps of one of save_and_load's states
+    return state.detach().clone() if isinstance(state, torch.Tensor) else state.state_dict()
 
 
 class Checkpoint:
@@ -425,6 +296,13 @@ class Checkpoint:
         _write_atomic(path, buffer.getvalue())
 
 
+def _graph_counts():  # torch.compile's graphs and graph breaks so far in this process
+    if "torch._dynamo" not in sys.modules:
+        return 0, 0
+    counters = sys.modules["torch._dynamo"].utils.counters
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
 class Clock:
     """The speed figure: steps per second from the first steady step (warm-up and compilation left out) to the end of
     the training, the envs' seconds within it, and the graphs torch.compile made before and after it."""
@@ -438,6 +316,7 @@ class Clock:
         self.steps_done = None
 
     def add_env_seconds(self, seconds):
+        """Env time measured outside run.timed_env_call (an actor process's), counted into the summary's env_seconds."""
         self.env_seconds += seconds
 
     def start(self, step):
@@ -468,6 +347,7 @@ class Clock:
         self.steady_seconds = time.perf_counter() - self.steady_time
 
     def per_steady_second(self, count):
+        """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
         return count / self.steady_seconds if self.steady_steps > 0 else None
 
     def figures(self):
@@ -510,6 +390,7 @@ class SilentSinks:
                 self.record_episode(step, episode_return, length)
 
     def recent_return(self):
+        """The mean return of the last 20 training episodes (the summary's return_mean), nan before the first."""
         return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
 
     def figures(self, eval_returns):
@@ -665,6 +546,131 @@ class SignalWatcher:
         return bool(self.waiting) and self.waits == waits
 
 
+def _run_folder(args, mode):  # runs/<env>__<script>__<seed>__<mode>__<time>, made by Sinks
+    env_name = args.env_id.replace("/", "-")  # dm_control/cartpole-balance-v0: one folder, not two
+    name = os.path.join("runs", f"{env_name}__{args.exp_name}__{args.seed}__{mode}__{int(time.time())}")
+    # a run started in the same second with the same settings gets a folder of its own: name-2, name-3, ...
+    return next(path for path in (name, *(f"{name}-{n}" for n in range(2, 1000))) if not os.path.exists(path))
+
+
+def _mujoco():  # MuJoCo's module where it is installed (its envs print their compiler's warnings themselves)
+    try:
+        import mujoco
+    except ImportError:
+        return None
+    return mujoco
+
+
+def _hold_warnings():
+    """Holds the warnings raised while the envs are made and a checkpoint checked (gymnasium's deprecated ids, and
+    MuJoCo's compiler warnings, which MuJoCo prints itself): a refusal before the run starts is its one line alone.
+    Returns the function that shows them."""
+    holding = warnings.catch_warnings(record=True)
+    held = holding.__enter__()
+    mujoco, printed = _mujoco(), []
+    if mujoco:
+        mujoco.set_mju_user_warning(printed.append)
+
+    def show():
+        holding.__exit__(None, None, None)
+        if mujoco:
+            mujoco.set_mju_user_warning(None)  # MuJoCo's own printing again
+            for text in printed:
+                print(f"WARNING: {text}", file=sys.stderr)
+        for warning in held:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+    return show
+
+
+def _cpu_quota():  # a container's CPU limit in cores (cgroup v2), None without one
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        return int(quota) / int(period)
+    except (OSError, ValueError):  # no cgroup v2 file, or no quota ("max")
+        return None
+
+
+def usable_cores():
+    """The cores this process may run on: its CPU affinity, capped by a container's quota."""
+    cores = len(os.sched_getaffinity(0))
+    quota = _cpu_quota()
+    return cores if quota is None else max(1, min(cores, int(quota)))
+
+
+def _jiffies():  # per core: idle (with iowait) and total
+    with open("/proc/stat") as f:
+        rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+    return {int(row[0][3:]): (int(row[4]) + int(row[5]), sum(map(int, row[1:9]))) for row in rows}
+
+
+def _idle_cores(seconds=0.2):  # the usable cores' idle shares over `seconds`, summed; None where /proc does not say
+    try:
+        cores = os.sched_getaffinity(0)
+        before = _jiffies()
+        time.sleep(seconds)
+        after = _jiffies()
+    except (OSError, AttributeError, ValueError):
+        return None
+    cores &= before.keys() & after.keys()
+    idle = sum((after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in cores)
+    quota = _cpu_quota()
+    return idle if quota is None else min(idle, quota)
+
+
+def _tune_cpu(requested, device, threads, keep_freed_memory=False):
+    """Sets torch's CPU threads once, before any tensor work, and returns them: --torch-threads, else OMP_NUM_THREADS,
+    else one on CUDA (idle pool threads would compete with the envs), else `threads`: a count, or "idle", the cores
+    at least 75% idle at start (a second thread buys small layers 1.2-1.5x on an idle machine and costs 3-4x beside
+    busy processes). The summary records the count: --torch-threads repeats a run as it ran. `keep_freed_memory`:
+    glibc gives large blocks back to the OS, so each minibatch's activations (tens of MB) were faulted in again;
+    fixed thresholds keep them (1.03-1.13x the SPS on 2 cores, docs/speed.md)."""
+    if requested or os.environ.get("OMP_NUM_THREADS"):
+        threads = requested or torch.get_num_threads()
+    elif device.type == "cuda":
+        threads = 1
+    elif threads == "idle":
+        idle = _idle_cores()
+        threads = 1 if idle is None else int(idle + 0.25)
+    torch.set_num_threads(max(1, threads))
+    if keep_freed_memory:
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+            mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's largest setting) come from the heap
+            mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: the heap keeps up to 1 GB of free memory
+        except (OSError, AttributeError):  # macOS, musl: other C libraries are left alone
+            pass
+    return torch.get_num_threads()
+
+
+def _check_fits(num_bytes, device, flag):
+    """A buffer larger than the device's memory fails now (exit code 2), not hours later as its pages fill."""
+    cuda = device.type == "cuda"
+    total = torch.cuda.mem_get_info(device)[1] if cuda else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if num_bytes > total:
+        fail(f"{flag} needs {num_bytes / 2**30:.1f} GiB, more than the {total / 2**30:.1f} GiB of {device.type} memory")
+
+
+def _write_summary(folder, record, announce=True):  # summary.json, then its line of figures and the SPEED line
+    record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
+    _write_atomic(os.path.join(folder, "summary.json"), json.dumps(record, indent=1).encode())
+    if not announce:
+        return
+    evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"
+    print(f"{record['steps_done']} steps, {record['sps'] or 0:.0f} SPS, {evaluation}; written to {folder}")
+    print("SPEED " + json.dumps(record), flush=True)
+
+
+def _descendants(pid):  # the processes `pid` started (an actor process, Ray's), theirs too
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
+
+
 class Run:
     """One training run, in the order of the module's docstring: the flag checks, the seeds, the device and the run
     folder's name, then its parts (the checkpoint, the clock, the sinks, the signal watcher); its summary and exit
@@ -690,6 +696,7 @@ class Run:
         self.writing = threading.Lock()
         self.show_held_warnings = _hold_warnings()
 
+    # Run's own jobs (not forwards): the rules above Run, given the run's --torch-threads and device
     def tune_cpu(self, threads, keep_freed_memory=False):
         """torch's CPU threads (_tune_cpu: --torch-threads, else one on CUDA, else `threads`), before tensor work."""
         _tune_cpu(self.args.torch_threads, self.device, threads, keep_freed_memory)
@@ -724,10 +731,8 @@ class Run:
         self.clock.add_env_seconds(time.perf_counter() - start)
         return result
 
-    def add_env_seconds(self, seconds):
-        """Env time that another process (an actor) reports, counted into the summary's env_seconds."""
-        self.clock.add_env_seconds(seconds)
-
+    # The loop's calls stay on the run: each script makes them where the module's docstring shows them, its lifecycle
+    # in the run's calls (through run.clock or run.sinks, each call would cost every script two tokens more)
     def start_speed_measure(self, step):
         """Starts the speed figure at the first call (Clock.start); later calls do nothing."""
         self.clock.start(step)
@@ -735,10 +740,6 @@ class Run:
     def record_episode(self, step, episode_return, length=None):
         """A finished training episode, to the sinks."""
         self.sinks.record_episode(step, episode_return, length)
-
-    def recent_return(self):
-        """The mean return of the last 20 training episodes (the summary's return_mean), nan before the first."""
-        return self.sinks.recent_return()
 
     def record_gymnasium_episodes(self, step, infos):
         """A gymnasium vector step's ended episodes (SilentSinks.record_gymnasium_episodes), to the sinks."""
@@ -770,10 +771,6 @@ class Run:
         with self.stoppable():
             self.log(step, losses)
         self.sinks.end_progress()
-
-    def per_steady_second(self, count):
-        """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
-        return self.clock.per_steady_second(count)
 
     def exit_code(self):
         """0, or the exit code of the stop that ended the training (1: a failure, such as a diverged loss)."""
