@@ -33,7 +33,7 @@ from checks import (
     speed_flags_here,
     speed_up,
 )
-from reference_implementations import reference_gae
+from reference_implementations import plain_ppo_step, reference_gae
 from script_runs import SCRIPTS, load_script, run_on_standin, run_script, shared_run
 
 envpool = pytest.importorskip("envpool")
@@ -265,25 +265,6 @@ def test_each_update_gets_the_rollout_the_envs_played(script, workdir, monkeypat
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert len(envs.games) >= 5 and summary["return_mean"] == pytest.approx(np.mean(envs.games[-20:]))
-
-
-def plain_ppo_step(agent, optimizer, minibatch, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5):
-    """CleanRL's minibatch step, written plainly: torch.distributions, a float learning rate, torch's default Adam."""
-    obs, actions, logprobs, advantages, returns, values = minibatch
-    hidden = agent.network(obs / 255.0)
-    distribution = torch.distributions.Categorical(logits=agent.actor(hidden))
-    new_value = agent.critic(hidden).view(-1)
-    ratio = (distribution.log_prob(actions) - logprobs).exp()
-    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
-    clipped_value = values + torch.clamp(new_value - values, -clip_coef, clip_coef)
-    v_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
-    loss = pg_loss - ent_coef * distribution.entropy().mean() + vf_coef * v_loss
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm)
-    optimizer.step()
-    return {"policy_loss": pg_loss, "value_loss": v_loss}
 
 
 @BOTH

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-import torch.nn.functional as F
 
 from checks import (
     ATARI_SCREEN,
@@ -28,6 +27,7 @@ from checks import (
     speed_flags_here,
     speed_up,
 )
+from reference_implementations import plain_pqn_step, reference_q_lambda
 from script_runs import load_script, run_on_standin, run_script, shared_run
 
 CLASSIC, ATARI = "pqn.py", "pqn_atari_envpool.py"
@@ -53,19 +53,6 @@ def tiny_run(script):
 def needs_envpool(script):
     if script == ATARI:
         pytest.importorskip("envpool")
-
-
-def reference_q_lambda(rewards, values, dones, next_value, next_done, gamma, q_lambda):
-    """CleanRL's reverse loop (pqn.py, pqn_atari_envpool.py)."""
-    returns = torch.zeros_like(rewards)
-    for t in reversed(range(len(rewards))):
-        if t == len(rewards) - 1:
-            returns[t] = rewards[t] + gamma * next_value * (1.0 - next_done)
-        else:
-            next_nonterminal = 1.0 - dones[t + 1]
-            mixed = q_lambda * returns[t + 1] + (1 - q_lambda) * values[t + 1]
-            returns[t] = rewards[t] + gamma * mixed * next_nonterminal
-    return returns
 
 
 @BOTH
@@ -107,17 +94,6 @@ def test_the_policy_is_epsilon_greedy_with_the_greedy_values(script):
     assert ((counts - len(uniform) / 3) ** 2 / (len(uniform) / 3)).sum() < 13.8  # chi-square, 2 dof, p = 0.001
     other = torch.cat([draw(torch.tensor(0.3))[0] != table.argmax(-1) for _ in range(2)]).double()
     assert abs(other.mean() - 0.2) < 4 * math.sqrt(0.2 * 0.8 / len(other))
-
-
-def plain_pqn_step(q_network, optimizer, obs, actions, returns, max_grad_norm=10.0):
-    """CleanRL's minibatch step, written plainly: a float learning rate and torch's default RAdam."""
-    old_val = q_network(obs).gather(1, actions.unsqueeze(-1).long()).squeeze()
-    loss = F.mse_loss(returns, old_val)
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(q_network.parameters(), max_grad_norm)
-    optimizer.step()
-    return {"td_loss": loss, "q_values": old_val.mean()}
 
 
 def minibatch(script, generator, rows=32):

@@ -29,7 +29,7 @@ from checks import (
     speed_flags_here,
     speed_up,
 )
-from reference_implementations import plain_projection
+from reference_implementations import PlainSumTree, plain_n_step, plain_projection
 from script_runs import load_script, run_on_standin, run_script, shared_run
 
 SCRIPT = "rainbow_atari.py"
@@ -47,36 +47,6 @@ MODES = {
 }
 TINY_RUN = [*TINY, *MODES["eager"], "--save-model"]
 CPU = torch.device("cpu")
-
-
-class PlainSumTree:
-    """A binary sum tree as CleanRL's (after OpenAI baselines'): the root at 0, children 2i+1 and 2i+2, one item
-    written and one value found at a time. Its leaves are in order only for a power of two of them."""
-
-    def __init__(self, capacity):
-        self.capacity = 2 ** math.ceil(math.log2(capacity))
-        self.tree = np.zeros(2 * self.capacity - 1)
-
-    def update(self, index, value):
-        node = index + self.capacity - 1
-        self.tree[node] = value
-        while node > 0:
-            node = (node - 1) // 2
-            self.tree[node] = self.tree[2 * node + 1] + self.tree[2 * node + 2]
-
-    def retrieve(self, value):
-        node = 0
-        while 2 * node + 1 < len(self.tree):
-            left = 2 * node + 1
-            if value <= self.tree[left]:
-                node = left
-            else:
-                value -= self.tree[left]
-                node = left + 1
-        return node - (self.capacity - 1)
-
-    def leaf(self, index):
-        return self.tree[index + self.capacity - 1]
 
 
 def both_trees(priorities):
@@ -153,19 +123,6 @@ def filled_replay(n_step=3, buffer_size=200, steps=500, alpha=0.5, seed=0, devic
             else:
                 stacks[lane].append(frame)
     return rb, stream
-
-
-def plain_n_step(lane_stream, t, n_step, gamma):
-    """The n-step transition from step t, one step at a time: (return, bootstrap discount, bootstrap obs)."""
-    total, discount = 0.0, 1.0
-    for j in range(n_step):
-        total += discount * lane_stream["rewards"][t + j]
-        discount *= gamma
-        if lane_stream["terminations"][t + j]:
-            return total, 0.0, lane_stream["obs"][t + j + 1]
-        if lane_stream["ends"][t + j]:  # a truncation: the reset step's row holds the last observation
-            return total, discount, lane_stream["obs"][t + j + 1]
-    return total, discount, lane_stream["obs"][t + n_step]
 
 
 @pytest.mark.parametrize("n_step", [1, 3, 5])
