@@ -233,6 +233,21 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
     assert proc.returncode == 2 and "Pong-v5 has num_actions 6" in proc.stderr
 
 
+def random_policy_scores(script, env_id, games, seed, **settings):
+    """True scores of `games` whole games with uniformly random actions, on the script's own envpool envs
+    (`make_envs(env_id, games, seed=seed, **settings)`, one game an env): envpool's info holds the unclipped reward
+    and the game's end, which a lost life does not end where the envs end an episode there."""
+    envs = load_script(script).make_envs(env_id, games, seed=seed, **settings)
+    envs.reset()
+    rng = np.random.default_rng(seed)
+    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
+    while not finished.all():
+        _, _, _, truncations, infos = envs.step(rng.integers(envs.action_space.n, size=games, dtype=np.int32))
+        scores += infos["reward"] * ~finished
+        finished |= infos["terminated"].astype(bool) | truncations
+    return scores
+
+
 def assert_beats_random(trained, random_scores, factor):
     """Games of a trained agent against games of a random policy: the mean at least `factor` times the random mean,
     and a rank test, as scores of single games have long tails (one 1,920 among MsPacman games of 300-400 made a

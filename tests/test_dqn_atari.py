@@ -23,6 +23,7 @@ from checks import (
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
+    random_policy_scores,
 )
 from script_runs import load_script, run_on_standin, run_script, shared_run
 
@@ -228,19 +229,6 @@ def test_same_seed_gives_identical_runs(workdir):
     check_summary(*second, "cudagraphs")
 
 
-def random_policy_scores(env_id, games, seed):
-    """True scores of whole games with uniformly random actions, on the script's own envs."""
-    envs = load_script(SCRIPT).make_envs(env_id, games, seed=seed)
-    envs.reset()
-    rng = np.random.default_rng(seed)
-    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
-    while not finished.all():
-        _, _, _, truncations, infos = envs.step(rng.integers(envs.action_space.n, size=games, dtype=np.int32))
-        scores += infos["reward"] * ~finished
-        finished |= infos["terminated"].astype(bool) | truncations
-    return scores
-
-
 @pytest.mark.learning
 @pytest.mark.parametrize("script", [SCRIPT, ASYNC])
 def test_learns_the_cue_task(script, workdir):
@@ -283,7 +271,7 @@ def test_learns_ms_pacman_above_a_random_policy(workdir):
         1,
     ]
     summary, _ = run_script(SCRIPT, args, workdir)
-    random_scores = random_policy_scores("MsPacman-v5", 30, seed=1)
+    random_scores = random_policy_scores(SCRIPT, "MsPacman-v5", 30, seed=1)
     trained = np.array(summary["eval_returns"])
     assert_beats_random(trained, random_scores, factor=1.5)
 

@@ -30,6 +30,7 @@ from checks import (
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
+    random_policy_scores,
     speed_flags_here,
     speed_up,
 )
@@ -396,19 +397,6 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(script, args, message, work
     )
 
 
-def random_policy_scores(script, env_id, games, seed):
-    """True scores of whole games with uniformly random actions, on the script's own evaluation envs."""
-    envs = load_script(script).make_envs(env_id, games, seed=seed, training=False)
-    envs.reset()
-    rng = np.random.default_rng(seed)
-    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
-    while not finished.all():
-        _, rewards, terminations, truncations, _ = envs.step(rng.integers(envs.action_space.n, size=games))
-        scores += rewards * ~finished
-        finished |= terminations | truncations
-    return scores
-
-
 @pytest.mark.learning
 @pytest.mark.parametrize("script", [SCRIPT, ASYNC_SCRIPT])
 def test_learns_the_cue_task(script, workdir):
@@ -438,7 +426,7 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
         1,
     ]
     summary, _ = run_script(SCRIPT, args, workdir)
-    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
+    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1, training=False)  # about 1.5
     trained = np.array(summary["eval_returns"])
     assert_beats_random(trained, random_scores, factor=2)
     assert summary["return_mean"] >= 2 * random_scores.mean()  # the last 20 training games, true score

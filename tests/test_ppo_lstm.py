@@ -7,7 +7,6 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from test_ppo_atari import random_policy_scores
 
 from checks import (
     ATARI_SCREEN,
@@ -23,6 +22,7 @@ from checks import (
     done_patterns,
     loss_and_gradients,
     modes_here,
+    random_policy_scores,
 )
 from reference_implementations import reference_lstm_outputs, reference_ppo_lstm_loss
 from script_runs import load_script, run_on_standin, run_script, shared_run
@@ -250,7 +250,7 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
         ],
         workdir,
     )
-    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
+    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1, training=False)  # about 1.5
     trained = np.array(summary["eval_returns"])
     assert_beats_random(trained, random_scores, factor=2)
 

@@ -24,6 +24,7 @@ from checks import (
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
+    random_policy_scores,
     speed_flags_here,
     speed_up,
 )
@@ -282,19 +283,6 @@ def test_learns_cartpole_to_its_cap(workdir):
     assert summary["return_mean"] >= 475 and np.mean(summary["eval_returns"]) >= 475
 
 
-def random_policy_scores(env_id, games, seed):
-    """True scores of whole games with uniformly random actions, on the script's own evaluation envs."""
-    envs = load_script(ATARI).make_envs(env_id, games, seed=seed, training=False)
-    envs.reset()
-    rng = np.random.default_rng(seed)
-    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
-    while not finished.all():
-        _, rewards, terminations, truncations, _ = envs.step(rng.integers(envs.action_space.n, size=games))
-        scores += rewards * ~finished
-        finished |= terminations | truncations
-    return scores
-
-
 @pytest.mark.learning
 def test_learns_the_cue_task(workdir):
     """Cue-v5 (tests/standin/envpool.py) through pqn_atari_envpool.py's envpool code: 4,096 steps, rollouts of 32
@@ -313,5 +301,5 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
     pytest.importorskip("envpool")
     args = ["--total-timesteps", 49_152, "--eval-episodes", 20, "--seed", 1]
     summary, _ = run_script(ATARI, args, workdir)
-    random_scores = random_policy_scores("Breakout-v5", 30, seed=1)  # about 1.4
+    random_scores = random_policy_scores(ATARI, "Breakout-v5", 30, seed=1, training=False)  # about 1.4
     assert_beats_random(summary["eval_returns"], random_scores, factor=2)

@@ -26,6 +26,7 @@ from checks import (
     assert_same_seed_same_numbers,
     learned_the_cue,
     modes_here,
+    random_policy_scores,
     speed_flags_here,
     speed_up,
 )
@@ -436,19 +437,6 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, workdir):
     )
 
 
-def random_policy_scores(env_id, games, seed):
-    """True scores of whole games with uniformly random actions, on the script's own envs."""
-    envs = load_script(SCRIPT).make_envs(env_id, games, seed=seed)
-    envs.reset()
-    rng = np.random.default_rng(seed)
-    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
-    while not finished.all():
-        _, _, _, truncations, infos = envs.step(rng.integers(envs.action_space.n, size=games, dtype=np.int32))
-        scores += infos["reward"] * ~finished
-        finished |= infos["terminated"].astype(bool) | truncations
-    return scores
-
-
 @pytest.mark.learning
 def test_learns_the_cue_task(workdir):
     """Cue-v5 (tests/standin/envpool.py) through the script's envpool code: 5,000 steps of 4 envs, 500 before
@@ -474,5 +462,5 @@ def test_learns_ms_pacman_above_a_random_policy(workdir):
     args = ["--env-id", "MsPacman-v5", "--total-timesteps", 20_000, "--learning-starts", 2000, "--buffer-size", 20_000]
     args += ["--num-envs", 4, "--target-network-frequency", 1000, "--learning-rate", 2.5e-4, "--eval-episodes", 20]
     summary, _ = run_script(SCRIPT, [*args, "--seed", 1], workdir)
-    random_scores = random_policy_scores("MsPacman-v5", 30, seed=1)
+    random_scores = random_policy_scores(SCRIPT, "MsPacman-v5", 30, seed=1)
     assert_beats_random(summary["eval_returns"], random_scores, factor=1.5)
