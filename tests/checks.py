@@ -1,6 +1,6 @@
 """Checks that several test files make of a script's runs and pieces: the summary's keys, what --compile compiles,
 the modes a machine runs, same seed same numbers, a checkpoint's round trip, the video of an evaluation game,
-learning against a random policy."""
+CleanRL's TensorBoard tags, learning against a random policy."""
 
 import glob
 import importlib.util
@@ -11,6 +11,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict.nn import CudaGraphModule
 
 import run_bookkeeping
@@ -100,6 +101,42 @@ def assert_records_the_first_evaluation_game(summary, screen):
         assert frames >= 100  # 117-357 frames here
     else:  # Pendulum: its 200 steps and the reset
         assert frames >= 200
+
+
+# Every scalar that CleanRL's script of the same name writes to TensorBoard, each script writes under the same tag, so
+# that a user's dashboards carry over. The lists are CleanRL's (fe8d8a0), read off its scripts' add_scalar calls;
+# dqn_atari_async.py is held to CleanRL's dqn_atari.py, ppo_atari_envpool_async.py to its ppo_atari_envpool.py.
+# IMPALA has no CleanRL counterpart, FastTD3 logs its own names (test_fast_td3).
+EPISODES = {"charts/episodic_return", "charts/episodic_length"}
+PPO = {f"losses/{name}" for name in ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")}
+PPO |= EPISODES | {"charts/SPS", "charts/learning_rate", "losses/explained_variance"}
+DQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values", "eval/episodic_return"}
+PQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values"}
+CRITICS = {f"losses/{name}" for name in ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")}
+CLEANRL_TAGS = {
+    "sac_continuous_action.py": EPISODES | CRITICS | {"losses/alpha", "losses/alpha_loss"},
+    "td3_continuous_action.py": EPISODES | CRITICS | {"eval/episodic_return"},
+    "ppo_continuous_action.py": PPO | {"eval/episodic_return"},
+    "dqn.py": DQN,
+    "dqn_atari.py": DQN,
+    "dqn_atari_async.py": DQN,
+    "ppo_atari_envpool.py": PPO | {"charts/avg_episodic_return"},
+    "ppo_atari_envpool_async.py": PPO | {"charts/avg_episodic_return"},
+    "ppo_atari_lstm.py": PPO,
+    "ppo_atari_multigpu.py": PPO,
+    "pqn.py": PQN,
+    "pqn_atari_envpool.py": PQN | {"charts/avg_episodic_return"},
+    "rainbow_atari.py": EPISODES | {"charts/SPS", "charts/beta", "losses/td_loss", "losses/q_values"},
+}
+
+
+def assert_writes_cleanrls_tags(summary):
+    """A run long enough for episodes to end and the speed to be measured (a run logs its last losses as it ends),
+    with an evaluation where CleanRL's script evaluates, wrote every tag of CleanRL's script of the same name."""
+    (events,) = glob.glob(os.path.join(summary["run_dir"], "events.out.tfevents.*"))
+    accumulator = EventAccumulator(events, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    assert CLEANRL_TAGS[summary["script"]] - set(accumulator.Tags()["scalars"]) == set()
 
 
 CUE_RANDOM_SCORE = 8.0  # a random policy's game on Cue-v5: 32 steps, one action of 4 scores (test_standin_envpool)

@@ -13,6 +13,7 @@ from checks import (
     assert_compiled_as_designed,
     assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
+    assert_writes_cleanrls_tags,
     modes_here,
 )
 from script_runs import run_script, shared_run
@@ -171,6 +172,11 @@ def test_sac_entropy_coefficient_fixed_or_autotuned(autotune, alpha_changes, wor
 def test_capture_video_records_the_first_evaluation_game():
     summary, _ = shared_run("sac_continuous_action.py", tiny_run("sac_continuous_action.py"))
     assert_records_the_first_evaluation_game(summary, PENDULUM_SCREEN)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_tag_of_cleanrls_script_is_written(script):
+    assert_writes_cleanrls_tags(shared_run(script, tiny_run(script))[0])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

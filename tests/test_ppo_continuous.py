@@ -16,6 +16,7 @@ from checks import (
     assert_compiled_as_designed,
     assert_gae_equals_the_reverse_loop,
     assert_same_seed_same_numbers,
+    assert_writes_cleanrls_tags,
     modes_here,
     speed_flag_names_here,
     speed_up,
@@ -150,6 +151,10 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 
 def test_same_seed_gives_identical_runs(workdir):
     assert_same_seed_same_numbers(SCRIPT, TINY_RUN, workdir, ["eval_returns", "final_metrics"])
+
+
+def test_every_tag_of_cleanrls_script_is_written():
+    assert_writes_cleanrls_tags(shared_run(SCRIPT, TINY_RUN)[0])
 
 
 def test_target_kl_stops_the_epochs(workdir):

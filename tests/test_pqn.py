@@ -22,6 +22,7 @@ from checks import (
     assert_compiled_as_designed,
     assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
+    assert_writes_cleanrls_tags,
     learned_the_cue,
     modes_here,
     random_policy_scores,
@@ -218,6 +219,10 @@ def test_capture_video_records_the_first_evaluation_game(script):
     needs_envpool(script)
     screen = ATARI_SCREEN if script == ATARI else CARTPOLE_SCREEN
     assert_records_the_first_evaluation_game(shared_run(script, tiny_run(script))[0], screen)
+
+
+def test_every_tag_of_cleanrls_script_is_written():
+    assert_writes_cleanrls_tags(shared_run(CLASSIC, tiny_run(CLASSIC))[0])
 
 
 @BOTH
