@@ -11,16 +11,23 @@ import pytest
 import torch
 
 from checks import assert_compiled_as_designed
-from script_runs import SCRIPTS, load_script, run_script
-from test_cuda_paths import NO_BLOCKING_COPIES, RUNS, imitated_run
-from test_host_syncs import CASES, PROBE
+from script_runs import (
+    IMITATED_RUNS,
+    NO_BLOCKING_COPIES,
+    PROBE,
+    PROBED_RUNS,
+    SCRIPTS,
+    imitated_run,
+    load_script,
+    run_script,
+)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"]}
 MODES["compile+cudagraphs"] = ["--compile", "--cudagraphs"]
-# RUNS's budgets, with every piece called more than CudaGraphModule's 5 warm-up calls (PPO's GAE: once an iteration)
+# IMITATED_RUNS's budgets, every piece called more than CudaGraphModule's 5 warm-up calls (PPO's GAE: once an iteration)
 LONGER = {"ppo_continuous_action.py": ["--total-timesteps", 512]}
-LONGER.update({run: ["--total-timesteps", 1024] for run in RUNS if run.startswith(("ppo_atari", "pqn"))})
+LONGER.update({run: ["--total-timesteps", 1024] for run in IMITATED_RUNS if run.startswith(("ppo_atari", "pqn"))})
 
 
 @pytest.fixture(autouse=True)
@@ -31,11 +38,11 @@ def fresh_interpreters(monkeypatch):
 
 def flags_of(run):
     script = run.split(" ")[0]
-    return script, [*RUNS[run][0], *LONGER.get(run, []), "--eval-episodes", 1]
+    return script, [*IMITATED_RUNS[run][0], *LONGER.get(run, []), "--eval-episodes", 1]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("run", [run for run in RUNS if "--lstm-impl" not in run])
+@pytest.mark.parametrize("run", [run for run in IMITATED_RUNS if "--lstm-impl" not in run])
 def test_every_script_runs_in_its_four_modes_on_the_gpu(run, mode, workdir):
     script, flags = flags_of(run)
     summary, proc = run_script(script, [*flags, *MODES[mode]], workdir)
@@ -46,12 +53,12 @@ def test_every_script_runs_in_its_four_modes_on_the_gpu(run, mode, workdir):
     assert "--cudagraphs needs CUDA" not in proc.stderr
 
 
-@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("run", IMITATED_RUNS)
 def test_acting_views_follow_the_learner_on_the_gpu(run, workdir):
     """tests/cuda_imitation.py on the GPU: cuDNN flattens the LSTM's weights itself; with CUDA graphs captured."""
     script, flags = flags_of(run)
-    log, _ = imitated_run(script, [*flags, "--compile", "--cudagraphs"], workdir, RUNS[run][1])
-    for view in RUNS[run][1]:
+    log, _ = imitated_run(script, [*flags, "--compile", "--cudagraphs"], workdir, IMITATED_RUNS[run][1])
+    for view in IMITATED_RUNS[run][1]:
         seen = log["views"][view]
         assert seen["equal"] and seen["learner_changed"] and seen["compared"] > 0, seen
     if run in NO_BLOCKING_COPIES:
@@ -77,10 +84,10 @@ def test_an_eager_checkpoint_continues_with_cudagraphs_and_moves_between_devices
         assert all(torch.equal(saved[0][name][k], saved[1][name][k]) for k in saved[0][name]), name
 
 
-@pytest.mark.parametrize("script", CASES)
+@pytest.mark.parametrize("script", PROBED_RUNS)
 def test_no_host_sync_in_the_pieces_on_the_gpu(script, tmp_path):
     """tests/host_sync_probe.py with the pieces on the GPU, as CUDA graphs capture them."""
-    flags, pieces = CASES[script]
+    flags, pieces = PROBED_RUNS[script]
     log = tmp_path / "syncs.json"
     env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
     args = [os.path.join(SCRIPTS, script), *flags, "--compile", "--eval-episodes", 0]
