@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import run_bookkeeping
 from checks import (
     CARTPOLE_SCREEN,
     RECORD,
@@ -282,16 +283,10 @@ def test_a_checkpoint_evaluates_to_the_reported_score_and_refuses_another_core(w
     assert proc.returncode == 2 and "lstm False); CartPole-v1 has obs_shape [4], num_actions 2" in proc.stderr
 
 
-def descendants(pid):
-    """Every process below `pid`, from pgrep's parent links."""
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return {int(child) for child in children} | {grandchild for child in children for grandchild in descendants(child)}
-
-
 def playing_actors(pid):
     """The actor processes of the run `pid` that are in an unroll (Ray's process title names the method)."""
     actors = set()
-    for child in descendants(pid):
+    for child in run_bookkeeping._descendants(pid):
         try:
             with open(f"/proc/{child}/cmdline") as f:
                 if "ray::UnrollActor.unroll" in f.read():
@@ -343,7 +338,7 @@ def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
     try:
         first_line = proc.stderr.readline()  # a progress line: Ray, its agents and the actors are up
         assert first_line.startswith("step "), first_line + proc.stderr.read()[-2000:]
-        ray_processes = descendants(proc.pid)
+        ray_processes = set(run_bookkeeping._descendants(proc.pid))
         assert len(ray_processes) >= 5  # GCS, raylet, two agents, two actors, the reaper
         proc.kill()
         proc.wait()
