@@ -139,6 +139,26 @@ def assert_writes_cleanrls_tags(summary):
     assert CLEANRL_TAGS[summary["script"]] - set(accumulator.Tags()["scalars"]) == set()
 
 
+# What one whole game can score. Breakout: whole points, 1, 4 or 7 a brick, at most 864 (two walls of 108 bricks, 432
+# points each). CartPole: a point a step, from 8 steps (a cart pushed one way all along drops its pole in 8 to 10) to
+# the 500-step limit. Pendulum: 200 steps of a reward from -(pi^2 + 0.1 * 8^2 + 0.001 * 2^2) = -16.27 (upside down, at
+# full speed and torque) to 0 (upright and still), not whole.
+GAME_SCORES = {"Breakout-v5": (0, 864), "CartPole-v1": (8, 500)}
+PENDULUM_RETURNS = (-200 * (math.pi**2 + 0.1 * 8**2 + 0.001 * 2**2), 0.0)
+
+
+def are_whole_game_scores(scores, env_id):
+    """Each of `scores` is what one whole game of `env_id` can score (GAME_SCORES): whole points, within its range."""
+    low, high = GAME_SCORES[env_id]
+    return all(low <= score <= high and score == int(score) for score in scores)
+
+
+def is_a_pendulum_return(value):
+    """`value` (one episode's return, or a mean of them) lies in the range of a Pendulum episode's return."""
+    low, high = PENDULUM_RETURNS
+    return low <= value <= high
+
+
 CUE_RANDOM_SCORE = 8.0  # a random policy's game on Cue-v5: 32 steps, one action of 4 scores (test_standin_envpool)
 
 

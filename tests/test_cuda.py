@@ -5,6 +5,7 @@ continued with --cudagraphs from an eager run's checkpoint; a checkpoint saved o
 no host sync inside the pieces that CUDA graphs capture."""
 
 import json
+import math
 import os
 
 import pytest
@@ -48,7 +49,8 @@ def test_every_script_runs_in_its_four_modes_on_the_gpu(run, mode, workdir):
     summary, proc = run_script(script, [*flags, *MODES[mode]], workdir)
     assert summary["device"].startswith("cuda") and summary["cudagraphs_active"] == ("cudagraphs" in mode)
     assert summary["steps_done"] == summary["total_timesteps"] and summary["peak_cuda_memory_mb"] > 0
-    assert all(value is not None and abs(value) < 1e9 for value in summary["final_metrics"].values())
+    # the last update's losses, read back from the GPU into the summary: there, and finite
+    assert summary["final_metrics"] and all(math.isfinite(value) for value in summary["final_metrics"].values())
     assert_compiled_as_designed(summary, " --lstm" if "--lstm" in flags else "")
     assert "--cudagraphs needs CUDA" not in proc.stderr
 
