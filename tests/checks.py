@@ -1,6 +1,6 @@
 """Checks that several test files make of a script's runs and pieces: the summary's keys, what --compile compiles,
 the modes a machine runs, same seed same numbers, a checkpoint's round trip, the video of an evaluation game,
-learning against a random policy."""
+CleanRL's TensorBoard tags, learning against a random policy."""
 
 import glob
 import importlib.util
@@ -11,6 +11,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict.nn import CudaGraphModule
 
 import run_bookkeeping
@@ -100,6 +101,62 @@ def assert_records_the_first_evaluation_game(summary, screen):
         assert frames >= 100  # 117-357 frames here
     else:  # Pendulum: its 200 steps and the reset
         assert frames >= 200
+
+
+# Every scalar that CleanRL's script of the same name writes to TensorBoard, each script writes under the same tag, so
+# that a user's dashboards carry over. The lists are CleanRL's (fe8d8a0), read off its scripts' add_scalar calls;
+# dqn_atari_async.py is held to CleanRL's dqn_atari.py, ppo_atari_envpool_async.py to its ppo_atari_envpool.py.
+# IMPALA has no CleanRL counterpart, FastTD3 logs its own names (test_fast_td3).
+EPISODES = {"charts/episodic_return", "charts/episodic_length"}
+PPO = {f"losses/{name}" for name in ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")}
+PPO |= EPISODES | {"charts/SPS", "charts/learning_rate", "losses/explained_variance"}
+DQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values", "eval/episodic_return"}
+PQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values"}
+CRITICS = {f"losses/{name}" for name in ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")}
+CLEANRL_TAGS = {
+    "sac_continuous_action.py": EPISODES | CRITICS | {"losses/alpha", "losses/alpha_loss"},
+    "td3_continuous_action.py": EPISODES | CRITICS | {"eval/episodic_return"},
+    "ppo_continuous_action.py": PPO | {"eval/episodic_return"},
+    "dqn.py": DQN,
+    "dqn_atari.py": DQN,
+    "dqn_atari_async.py": DQN,
+    "ppo_atari_envpool.py": PPO | {"charts/avg_episodic_return"},
+    "ppo_atari_envpool_async.py": PPO | {"charts/avg_episodic_return"},
+    "ppo_atari_lstm.py": PPO,
+    "ppo_atari_multigpu.py": PPO,
+    "pqn.py": PQN,
+    "pqn_atari_envpool.py": PQN | {"charts/avg_episodic_return"},
+    "rainbow_atari.py": EPISODES | {"charts/SPS", "charts/beta", "losses/td_loss", "losses/q_values"},
+}
+
+
+def assert_writes_cleanrls_tags(summary):
+    """A run long enough for episodes to end and the speed to be measured (a run logs its last losses as it ends),
+    with an evaluation where CleanRL's script evaluates, wrote every tag of CleanRL's script of the same name."""
+    (events,) = glob.glob(os.path.join(summary["run_dir"], "events.out.tfevents.*"))
+    accumulator = EventAccumulator(events, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    assert CLEANRL_TAGS[summary["script"]] - set(accumulator.Tags()["scalars"]) == set()
+
+
+# What one whole game can score. Breakout: whole points, 1, 4 or 7 a brick, at most 864 (two walls of 108 bricks, 432
+# points each). CartPole: a point a step, from 8 steps (a cart pushed one way all along drops its pole in 8 to 10) to
+# the 500-step limit. Pendulum: 200 steps of a reward from -(pi^2 + 0.1 * 8^2 + 0.001 * 2^2) = -16.27 (upside down, at
+# full speed and torque) to 0 (upright and still), not whole.
+GAME_SCORES = {"Breakout-v5": (0, 864), "CartPole-v1": (8, 500)}
+PENDULUM_RETURNS = (-200 * (math.pi**2 + 0.1 * 8**2 + 0.001 * 2**2), 0.0)
+
+
+def are_whole_game_scores(scores, env_id):
+    """Each of `scores` is what one whole game of `env_id` can score (GAME_SCORES): whole points, within its range."""
+    low, high = GAME_SCORES[env_id]
+    return all(low <= score <= high and score == int(score) for score in scores)
+
+
+def is_a_pendulum_return(value):
+    """`value` (one episode's return, or a mean of them) lies in the range of a Pendulum episode's return."""
+    low, high = PENDULUM_RETURNS
+    return low <= value <= high
 
 
 CUE_RANDOM_SCORE = 8.0  # a random policy's game on Cue-v5: 32 steps, one action of 4 scores (test_standin_envpool)
@@ -244,6 +301,21 @@ def assert_checkpoint_round_trip(script, train_args, weights, workdir):
         timeout=120,
     )
     assert proc.returncode == 2 and "Pong-v5 has num_actions 6" in proc.stderr
+
+
+def random_policy_scores(script, env_id, games, seed, **settings):
+    """True scores of `games` whole games with uniformly random actions, on the script's own envpool envs
+    (`make_envs(env_id, games, seed=seed, **settings)`, one game an env): envpool's info holds the unclipped reward
+    and the game's end, which a lost life does not end where the envs end an episode there."""
+    envs = load_script(script).make_envs(env_id, games, seed=seed, **settings)
+    envs.reset()
+    rng = np.random.default_rng(seed)
+    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
+    while not finished.all():
+        _, _, _, truncations, infos = envs.step(rng.integers(envs.action_space.n, size=games, dtype=np.int32))
+        scores += infos["reward"] * ~finished
+        finished |= infos["terminated"].astype(bool) | truncations
+    return scores
 
 
 def assert_beats_random(trained, random_scores, factor):

@@ -1,7 +1,9 @@
 """Running a script the way the tests do: `python leanrl_scripts/<script> ARGS` in a scratch folder, forked by the
 script server that has the imports done (tests/script_server.py: 6-7 s of imports a run on a 2-core CPU, hundreds of
 runs; LEANRL_TESTS_FRESH=1 runs each in a fresh interpreter instead), its summary read back; a run on envpool's
-stand-in (tests/standin); a script imported as a module to test its pieces."""
+stand-in (tests/standin); a script imported as a module to test its pieces. And the runs that several test files make:
+a run refused with one error line, every script's short run, the runs under the CUDA imitation and the host-sync
+probe."""
 
 import atexit
 import fcntl
@@ -293,3 +295,300 @@ def load_script(script):
         os.environ.clear()  # what a script sets at import (OMP_WAIT_POLICY) stays out of the later test runs
         os.environ.update(environ)
     return sys.modules[name]
+
+
+def the_one_error_line(script, args, workdir, env=None):
+    """Runs `script` in `workdir`: it must exit with code 2, one line on stderr and no run folder; returns the line."""
+    _, proc = run_script(script, args, workdir, check=False, timeout=120, env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert not os.path.exists(os.path.join(workdir, "runs"))
+    return lines[0]
+
+
+# Every script's short run (test_hard_knocks, and test_track and test_videos for the one error line of what cannot
+# work): its env (and the flags every run takes), a short run, the flags that make it diverge, its learning-rate flag,
+# and another script whose checkpoint it must refuse. The DQN scripts read their losses (the divergence check, the
+# progress line) every 100 updates: the image ones update on batches of 8.
+PENDULUM_ENV = ["--env-id", "Pendulum-v1"]
+BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
+OFF_POLICY = ["--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5, "--batch-size", 64]
+SHORT_RUNS = {
+    "sac_continuous_action.py": dict(
+        base=PENDULUM_ENV,
+        tiny=OFF_POLICY,
+        diverge=["--policy-lr", 1e30, "--q-lr", 1e30],
+        lr="--q-lr",
+        other="td3_continuous_action.py",
+    ),
+    "td3_continuous_action.py": dict(
+        base=PENDULUM_ENV,
+        tiny=OFF_POLICY,
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
+    # its critics are distributional, its replay kept per env: a td3_continuous_action.py model is another network
+    "fast_td3.py": dict(
+        base=[*PENDULUM_ENV, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
+        tiny=OFF_POLICY,
+        diverge=["--critic-learning-rate", 1e30, "--actor-learning-rate", 1e30],
+        lr="--critic-learning-rate",
+        other="td3_continuous_action.py",
+    ),
+    "ppo_continuous_action.py": dict(
+        base=PENDULUM_ENV,
+        tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
+        diverge=["--learning-rate", 10],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
+    "ppo_atari_envpool.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_lstm.py",
+    ),
+    # a checkpoint of ppo_atari_envpool.py is this script's too (the same network): PPO-LSTM's is another's
+    "ppo_atari_envpool_async.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_lstm.py",
+    ),
+    "ppo_atari_lstm.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_envpool.py",
+    ),
+    "dqn.py": dict(
+        base=["--env-id", "CartPole-v1"],
+        tiny=["--total-timesteps", 2000, "--learning-starts", 500],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
+    "dqn_atari.py": dict(
+        base=["--env-id", "Breakout-v5"],
+        tiny=[
+            "--total-timesteps",
+            400,
+            "--learning-starts",
+            200,
+            "--buffer-size",
+            400,
+            "--train-frequency",
+            4,
+            "--batch-size",
+            8,
+        ],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_envpool.py",
+    ),
+    # DQN Atari's torso with dueling distributional heads: a dqn_atari.py model is another network
+    "rainbow_atari.py": dict(
+        base=["--env-id", "Breakout-v5"],
+        tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--batch-size", 8],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn_atari.py",
+    ),
+    # on CartPole: its actor process and rate limiter are what this script adds; a dqn.py model is another network
+    "dqn_atari_async.py": dict(
+        base=["--env-id", "CartPole-v1"],
+        tiny=["--total-timesteps", 2000, "--learning-starts", 500, "--buffer-size", 2000],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn.py",
+    ),
+    "pqn.py": dict(
+        base=["--env-id", "CartPole-v1"],
+        tiny=["--total-timesteps", 1024, "--num-steps", 64, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn.py",
+    ),
+    # the same network as PPO Atari's but for the LayerNorms and the heads: its checkpoint is another's
+    "pqn_atari_envpool.py": dict(
+        base=BREAKOUT,
+        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="ppo_atari_envpool.py",
+    ),
+    "impala_ray.py": dict(
+        base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
+        tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="dqn.py",
+    ),
+}
+
+# Runs under tests/cuda_imitation.py: test_cuda_paths, and test_cuda on a GPU.
+IMITATION = os.path.join(ROOT, "tests", "cuda_imitation.py")
+IMITATED_ATARI = ["--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32]
+IMITATED_ATARI += ["--num-minibatches", 2, "--update-epochs", 1]
+IMITATED_PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32]
+IMITATED_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", 1000, "--learning-starts", 500]
+IMITATED_CARTPOLE += ["--buffer-size", 1000]
+IMITATED_PQN = ["--env-id", "CartPole-v1", "--total-timesteps", 512, "--num-steps", 32, "--num-minibatches", 2]
+IMITATED_IMPALA = ["--env-id", "CartPole-v1", "--total-timesteps", 1280, "--num-actors", 1, "--envs-per-actor", 4]
+IMITATED_IMPALA += ["--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5, "--lstm"]
+# script: its flags, and its acting views by the names of the script's globals (view: learner). IMPALA's actors act with
+# copies the learner sends them: it has no view, and is here for its copies.
+IMITATED_RUNS = {
+    "dqn.py": (IMITATED_CARTPOLE, {"q_view": "q_network"}),
+    "dqn_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
+        {"q_view": "q_network"},
+    ),
+    "rainbow_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
+        {"q_view": "q_network"},
+    ),
+    # the actor process acts with a shared CPU copy, written after every update with --actor-sync-every 1
+    "dqn_atari_async.py": (
+        [*IMITATED_CARTPOLE, "--batch-size", 64, "--actor-sync-every", 1],
+        {"actor.q_network": "q_network"},
+    ),
+    "sac_continuous_action.py": (IMITATED_PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),
+    # TD3's actor reads the first critic alone
+    "td3_continuous_action.py": (IMITATED_PENDULUM, {"actor_view": "actor", "qnet_view": "qnet.members.0"}),
+    "fast_td3.py": (
+        [*IMITATED_PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
+        {"actor_view": "actor", "qnet_view": "qnet"},
+    ),
+    "ppo_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 2],
+        {"agent_view": "agent"},
+    ),
+    "ppo_atari_envpool.py": (IMITATED_ATARI, {"agent_view": "agent"}),
+    "ppo_atari_envpool_async.py": (IMITATED_ATARI, {"agent_view": "agent"}),
+    "ppo_atari_lstm.py": (IMITATED_ATARI, {"agent_view": "agent"}),
+    "ppo_atari_lstm.py --lstm-impl loop": ([*IMITATED_ATARI, "--lstm-impl", "loop"], {"agent_view": "agent"}),
+    "ppo_atari_multigpu.py": (
+        ["--total-timesteps", 512, "--local-num-envs", 4, "--num-steps", 32, "--num-minibatches", 2],
+        {"agent_view": "agent"},
+    ),
+    "pqn.py": (IMITATED_PQN, {"q_view": "q_network"}),
+    "pqn_atari_envpool.py": (IMITATED_ATARI, {"q_view": "q_network"}),
+    "impala_ray.py --lstm": (IMITATED_IMPALA, {}),
+}
+# The others send host data once per env step, right after reading the actions back (the stream is idle then), and
+# in their evaluation: a blocking copy there waits for nothing.
+NO_BLOCKING_COPIES = {
+    "dqn.py",
+    "pqn.py",
+    "ppo_atari_lstm.py",
+    "ppo_atari_lstm.py --lstm-impl loop",
+    "impala_ray.py --lstm",
+}
+
+
+def imitated_run(script, args, workdir, views=None, check=True):
+    """`script` run under the imitation; returns its log and the completed process."""
+    log = os.path.join(workdir, "imitation.json")
+    env = {"CUDA_IMITATION_LOG": log, "CUDA_IMITATION_VIEWS": ",".join(f"{v}={k}" for v, k in (views or {}).items())}
+    _, proc = run_script(IMITATION, [os.path.join(SCRIPTS, script), *args], workdir, check=False, env=env)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(log) as f:
+        return json.load(f), proc
+
+
+# Runs under tests/host_sync_probe.py: test_host_syncs, and test_cuda on a GPU. Per script: its flags and the pieces
+# that must not sync.
+PROBE = os.path.join(ROOT, "tests", "host_sync_probe.py")
+PROBED_ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32]
+PROBED_ATARI += ["--num-minibatches", 2, "--update-epochs", 1]
+PROBED_RUNS = {
+    "sac_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
+        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
+    ),
+    "td3_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
+        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
+    ),
+    "fast_td3.py": (
+        ["--env-id", "Pendulum-v1", "--num-envs", 4, "--total-timesteps", 300, "--learning-starts", 200]
+        + ["--batch-size", 32, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
+        {"explore", "critic_loss", "actor_loss", "update_critics", "update_actor"},
+    ),
+    "ppo_continuous_action.py": (
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            128,
+            "--num-steps",
+            64,
+            "--num-minibatches",
+            2,
+            "--update-epochs",
+            1,
+        ],
+        {"policy", "gae", "ppo_loss", "update"},
+    ),
+    "ppo_atari_envpool.py": (PROBED_ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "ppo_atari_envpool_async.py": (PROBED_ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "ppo_atari_lstm.py": (PROBED_ATARI, {"policy", "gae", "ppo_loss", "update"}),
+    "pqn.py": (
+        ["--total-timesteps", 256, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1],
+        {"policy", "q_lambda_returns", "td_loss", "update"},
+    ),
+    "pqn_atari_envpool.py": (PROBED_ATARI, {"policy", "q_lambda_returns", "td_loss", "update"}),
+    "dqn.py": (
+        ["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000],
+        {"policy", "td_loss", "update"},
+    ),
+    "dqn_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2, "--start-e", 0.5],
+        {"policy", "td_loss", "update"},
+    ),
+    "rainbow_atari.py": (
+        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
+        {"policy", "rainbow_loss", "sample", "update"},
+    ),
+    # the learner compiles its loss only: the actor process acts eagerly
+    "dqn_atari_async.py": (
+        [
+            "--env-id",
+            "CartPole-v1",
+            "--total-timesteps",
+            700,
+            "--learning-starts",
+            500,
+            "--buffer-size",
+            1000,
+            "--batch-size",
+            64,
+        ],
+        {"td_loss", "update"},
+    ),
+    "impala_ray.py": (
+        [
+            "--env-id",
+            "CartPole-v1",
+            "--total-timesteps",
+            640,
+            "--num-actors",
+            1,
+            "--envs-per-actor",
+            4,
+            "--batch-size",
+            8,
+            "--unroll-length",
+            8,
+            "--replay-ratio",
+            0.5,
+        ],
+        {"impala_loss", "update"},
+    ),
+}

@@ -13,6 +13,8 @@ from checks import (
     assert_compiled_as_designed,
     assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
+    assert_writes_cleanrls_tags,
+    is_a_pendulum_return,
     modes_here,
 )
 from script_runs import run_script, shared_run
@@ -64,7 +66,7 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     assert 0 <= summary["env_seconds"] < summary["steady_seconds"]
     assert summary["warmup_seconds"] + summary["steady_seconds"] <= summary["total_seconds"]
     assert summary["num_updates"] == 200
-    assert -2000 < summary["return_mean"] <= 0 and -2000 < summary["eval_return_mean"] <= 0
+    assert is_a_pendulum_return(summary["return_mean"]) and is_a_pendulum_return(summary["eval_return_mean"])
     assert len(summary["eval_returns"]) == 2 and summary["peak_memory_mb"] > 0
     assert all(math.isfinite(value) for value in summary["final_metrics"].values())
     warnings = [line for line in proc.stderr.splitlines() if "--cudagraphs needs CUDA" in line]
@@ -132,7 +134,7 @@ def test_several_envs_step_together(script, workdir):
     assert summary["num_envs"] == 3
     assert summary["num_updates"] == 100  # one update per vector step once 300 env steps are in the buffer
     assert summary["steady_steps"] == 600 - 3 * 105  # the steady phase starts at the step of update 5
-    assert -2000 < summary["return_mean"] <= 0  # the three envs' episodes ended (truncated) together
+    assert is_a_pendulum_return(summary["return_mean"])  # the three envs' episodes ended (truncated) together
 
 
 # Each continuous script's shortest run: SAC and TD3 as TINY, PPO 4 iterations of 64 steps.
@@ -171,6 +173,11 @@ def test_sac_entropy_coefficient_fixed_or_autotuned(autotune, alpha_changes, wor
 def test_capture_video_records_the_first_evaluation_game():
     summary, _ = shared_run("sac_continuous_action.py", tiny_run("sac_continuous_action.py"))
     assert_records_the_first_evaluation_game(summary, PENDULUM_SCREEN)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_tag_of_cleanrls_script_is_written(script):
+    assert_writes_cleanrls_tags(shared_run(script, tiny_run(script))[0])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -5,22 +5,30 @@ continued with --cudagraphs from an eager run's checkpoint; a checkpoint saved o
 no host sync inside the pieces that CUDA graphs capture."""
 
 import json
+import math
 import os
 
 import pytest
 import torch
 
 from checks import assert_compiled_as_designed
-from script_runs import SCRIPTS, load_script, run_script
-from test_cuda_paths import NO_BLOCKING_COPIES, RUNS, imitated_run
-from test_host_syncs import CASES, PROBE
+from script_runs import (
+    IMITATED_RUNS,
+    NO_BLOCKING_COPIES,
+    PROBE,
+    PROBED_RUNS,
+    SCRIPTS,
+    imitated_run,
+    load_script,
+    run_script,
+)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--cudagraphs"]}
 MODES["compile+cudagraphs"] = ["--compile", "--cudagraphs"]
-# RUNS's budgets, with every piece called more than CudaGraphModule's 5 warm-up calls (PPO's GAE: once an iteration)
+# IMITATED_RUNS's budgets, every piece called more than CudaGraphModule's 5 warm-up calls (PPO's GAE: once an iteration)
 LONGER = {"ppo_continuous_action.py": ["--total-timesteps", 512]}
-LONGER.update({run: ["--total-timesteps", 1024] for run in RUNS if run.startswith(("ppo_atari", "pqn"))})
+LONGER.update({run: ["--total-timesteps", 1024] for run in IMITATED_RUNS if run.startswith(("ppo_atari", "pqn"))})
 
 
 @pytest.fixture(autouse=True)
@@ -31,27 +39,28 @@ def fresh_interpreters(monkeypatch):
 
 def flags_of(run):
     script = run.split(" ")[0]
-    return script, [*RUNS[run][0], *LONGER.get(run, []), "--eval-episodes", 1]
+    return script, [*IMITATED_RUNS[run][0], *LONGER.get(run, []), "--eval-episodes", 1]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("run", [run for run in RUNS if "--lstm-impl" not in run])
+@pytest.mark.parametrize("run", [run for run in IMITATED_RUNS if "--lstm-impl" not in run])
 def test_every_script_runs_in_its_four_modes_on_the_gpu(run, mode, workdir):
     script, flags = flags_of(run)
     summary, proc = run_script(script, [*flags, *MODES[mode]], workdir)
     assert summary["device"].startswith("cuda") and summary["cudagraphs_active"] == ("cudagraphs" in mode)
     assert summary["steps_done"] == summary["total_timesteps"] and summary["peak_cuda_memory_mb"] > 0
-    assert all(value is not None and abs(value) < 1e9 for value in summary["final_metrics"].values())
+    # the last update's losses, read back from the GPU into the summary: there, and finite
+    assert summary["final_metrics"] and all(math.isfinite(value) for value in summary["final_metrics"].values())
     assert_compiled_as_designed(summary, " --lstm" if "--lstm" in flags else "")
     assert "--cudagraphs needs CUDA" not in proc.stderr
 
 
-@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("run", IMITATED_RUNS)
 def test_acting_views_follow_the_learner_on_the_gpu(run, workdir):
     """tests/cuda_imitation.py on the GPU: cuDNN flattens the LSTM's weights itself; with CUDA graphs captured."""
     script, flags = flags_of(run)
-    log, _ = imitated_run(script, [*flags, "--compile", "--cudagraphs"], workdir, RUNS[run][1])
-    for view in RUNS[run][1]:
+    log, _ = imitated_run(script, [*flags, "--compile", "--cudagraphs"], workdir, IMITATED_RUNS[run][1])
+    for view in IMITATED_RUNS[run][1]:
         seen = log["views"][view]
         assert seen["equal"] and seen["learner_changed"] and seen["compared"] > 0, seen
     if run in NO_BLOCKING_COPIES:
@@ -77,10 +86,10 @@ def test_an_eager_checkpoint_continues_with_cudagraphs_and_moves_between_devices
         assert all(torch.equal(saved[0][name][k], saved[1][name][k]) for k in saved[0][name]), name
 
 
-@pytest.mark.parametrize("script", CASES)
+@pytest.mark.parametrize("script", PROBED_RUNS)
 def test_no_host_sync_in_the_pieces_on_the_gpu(script, tmp_path):
     """tests/host_sync_probe.py with the pieces on the GPU, as CUDA graphs capture them."""
-    flags, pieces = CASES[script]
+    flags, pieces = PROBED_RUNS[script]
     log = tmp_path / "syncs.json"
     env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
     args = [os.path.join(SCRIPTS, script), *flags, "--compile", "--eval-episodes", 0]

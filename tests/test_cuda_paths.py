@@ -11,77 +11,12 @@ import os
 import pytest
 import torch
 
-from script_runs import ROOT, SCRIPTS, run_script
-
-IMITATION = os.path.join(ROOT, "tests", "cuda_imitation.py")
-ATARI = ["--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
-PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32]
-CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", 1000, "--learning-starts", 500, "--buffer-size", 1000]
-PQN = ["--env-id", "CartPole-v1", "--total-timesteps", 512, "--num-steps", 32, "--num-minibatches", 2]
-IMPALA = ["--env-id", "CartPole-v1", "--total-timesteps", 1280, "--num-actors", 1, "--envs-per-actor", 4]
-IMPALA += ["--batch-size", 8, "--unroll-length", 8, "--replay-ratio", 0.5, "--lstm"]
-# script: its flags, and its acting views by the names of the script's globals (view: learner). IMPALA's actors act
-# with copies the learner sends them: it has no view, and is here for its copies.
-RUNS = {
-    "dqn.py": (CARTPOLE, {"q_view": "q_network"}),
-    "dqn_atari.py": (
-        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
-        {"q_view": "q_network"},
-    ),
-    "rainbow_atari.py": (
-        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
-        {"q_view": "q_network"},
-    ),
-    # the actor process acts with a shared CPU copy, written after every update with --actor-sync-every 1
-    "dqn_atari_async.py": ([*CARTPOLE, "--batch-size", 64, "--actor-sync-every", 1], {"actor.q_network": "q_network"}),
-    "sac_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet"}),
-    # TD3's actor reads the first critic alone
-    "td3_continuous_action.py": (PENDULUM, {"actor_view": "actor", "qnet_view": "qnet.members.0"}),
-    "fast_td3.py": (
-        [*PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
-        {"actor_view": "actor", "qnet_view": "qnet"},
-    ),
-    "ppo_continuous_action.py": (
-        ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 2],
-        {"agent_view": "agent"},
-    ),
-    "ppo_atari_envpool.py": (ATARI, {"agent_view": "agent"}),
-    "ppo_atari_envpool_async.py": (ATARI, {"agent_view": "agent"}),
-    "ppo_atari_lstm.py": (ATARI, {"agent_view": "agent"}),
-    "ppo_atari_lstm.py --lstm-impl loop": ([*ATARI, "--lstm-impl", "loop"], {"agent_view": "agent"}),
-    "ppo_atari_multigpu.py": (
-        ["--total-timesteps", 512, "--local-num-envs", 4, "--num-steps", 32, "--num-minibatches", 2],
-        {"agent_view": "agent"},
-    ),
-    "pqn.py": (PQN, {"q_view": "q_network"}),
-    "pqn_atari_envpool.py": (ATARI, {"q_view": "q_network"}),
-    "impala_ray.py --lstm": (IMPALA, {}),
-}
-# The others send host data once per env step, right after reading the actions back (the stream is idle then), and
-# in their evaluation: a blocking copy there waits for nothing.
-NO_BLOCKING_COPIES = {
-    "dqn.py",
-    "pqn.py",
-    "ppo_atari_lstm.py",
-    "ppo_atari_lstm.py --lstm-impl loop",
-    "impala_ray.py --lstm",
-}
+from script_runs import IMITATED_RUNS, NO_BLOCKING_COPIES, imitated_run, run_script
 
 
-def imitated_run(script, args, workdir, views=None, check=True):
-    """`script` run under the imitation; returns its log and the completed process."""
-    log = os.path.join(workdir, "imitation.json")
-    env = {"CUDA_IMITATION_LOG": log, "CUDA_IMITATION_VIEWS": ",".join(f"{v}={k}" for v, k in (views or {}).items())}
-    _, proc = run_script(IMITATION, [os.path.join(SCRIPTS, script), *args], workdir, check=False, env=env)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(log) as f:
-        return json.load(f), proc
-
-
-@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("run", IMITATED_RUNS)
 def test_acting_views_follow_the_learner_and_the_update_loop_never_waits_on_a_copy(run, workdir):
-    flags, views = RUNS[run]
+    flags, views = IMITATED_RUNS[run]
     script = run.split(" ")[0]
     log, _ = imitated_run(script, [*flags, "--eval-episodes", 1], workdir, views)
     for view in views:  # the learner trained, and the view holds its weights, an LSTM's flat weights included

@@ -26,6 +26,7 @@ from checks import (
     assert_compiled_as_designed,
     assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
+    assert_writes_cleanrls_tags,
     modes_here,
 )
 from script_runs import load_script, run_script, shared_run, start_script
@@ -257,6 +258,10 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
 @pytest.mark.parametrize("mode", ["eager", "async"])
 def test_capture_video_records_the_first_evaluation_game(mode):
     assert_records_the_first_evaluation_game(shared_run(*tiny_run(mode))[0], CARTPOLE_SCREEN)
+
+
+def test_every_tag_of_cleanrls_script_is_written():
+    assert_writes_cleanrls_tags(shared_run(*tiny_run("eager"))[0])
 
 
 def test_the_learner_finishes_its_updates_after_the_actor_is_done(workdir):

@@ -17,130 +17,8 @@ import pytest
 import torch
 
 from run_bookkeeping import Flag, RunArgs, check_flags
-from script_runs import ALL_SCRIPTS, SCRIPTS, load_script, run_script, shared_run, start_script
+from script_runs import ALL_SCRIPTS, OFF_POLICY, SCRIPTS, SHORT_RUNS, load_script, run_script, shared_run, start_script
 
-PENDULUM = ["--env-id", "Pendulum-v1"]
-BREAKOUT = ["--env-id", "Breakout-v5", "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2]
-# Per script: its env (and the flags every run takes), a short run, the flags that make it diverge, its
-# learning-rate flag, and another script whose checkpoint it must refuse. The DQN scripts read their losses (the
-# divergence check, the progress line) every 100 updates: the image ones update on batches of 8.
-OFF_POLICY = ["--total-timesteps", 400, "--learning-starts", 200, "--measure-burnin", 5, "--batch-size", 64]
-CASES = {
-    "sac_continuous_action.py": dict(
-        base=PENDULUM,
-        tiny=OFF_POLICY,
-        diverge=["--policy-lr", 1e30, "--q-lr", 1e30],
-        lr="--q-lr",
-        other="td3_continuous_action.py",
-    ),
-    "td3_continuous_action.py": dict(
-        base=PENDULUM,
-        tiny=OFF_POLICY,
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="sac_continuous_action.py",
-    ),
-    # its critics are distributional, its replay kept per env: a td3_continuous_action.py model is another network
-    "fast_td3.py": dict(
-        base=[*PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
-        tiny=OFF_POLICY,
-        diverge=["--critic-learning-rate", 1e30, "--actor-learning-rate", 1e30],
-        lr="--critic-learning-rate",
-        other="td3_continuous_action.py",
-    ),
-    "ppo_continuous_action.py": dict(
-        base=PENDULUM,
-        tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
-        diverge=["--learning-rate", 10],
-        lr="--learning-rate",
-        other="sac_continuous_action.py",
-    ),
-    "ppo_atari_envpool.py": dict(
-        base=BREAKOUT,
-        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="ppo_atari_lstm.py",
-    ),
-    # a checkpoint of ppo_atari_envpool.py is this script's too (the same network): PPO-LSTM's is another's
-    "ppo_atari_envpool_async.py": dict(
-        base=BREAKOUT,
-        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="ppo_atari_lstm.py",
-    ),
-    "ppo_atari_lstm.py": dict(
-        base=BREAKOUT,
-        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="ppo_atari_envpool.py",
-    ),
-    "dqn.py": dict(
-        base=["--env-id", "CartPole-v1"],
-        tiny=["--total-timesteps", 2000, "--learning-starts", 500],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="sac_continuous_action.py",
-    ),
-    "dqn_atari.py": dict(
-        base=["--env-id", "Breakout-v5"],
-        tiny=[
-            "--total-timesteps",
-            400,
-            "--learning-starts",
-            200,
-            "--buffer-size",
-            400,
-            "--train-frequency",
-            4,
-            "--batch-size",
-            8,
-        ],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="ppo_atari_envpool.py",
-    ),
-    # DQN Atari's torso with dueling distributional heads: a dqn_atari.py model is another network
-    "rainbow_atari.py": dict(
-        base=["--env-id", "Breakout-v5"],
-        tiny=["--total-timesteps", 400, "--learning-starts", 200, "--buffer-size", 400, "--batch-size", 8],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="dqn_atari.py",
-    ),
-    # on CartPole: its actor process and rate limiter are what this script adds; a dqn.py model is another network
-    "dqn_atari_async.py": dict(
-        base=["--env-id", "CartPole-v1"],
-        tiny=["--total-timesteps", 2000, "--learning-starts", 500, "--buffer-size", 2000],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="dqn.py",
-    ),
-    "pqn.py": dict(
-        base=["--env-id", "CartPole-v1"],
-        tiny=["--total-timesteps", 1024, "--num-steps", 64, "--measure-burnin", 0],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="dqn.py",
-    ),
-    # the same network as PPO Atari's but for the LayerNorms and the heads: its checkpoint is another's
-    "pqn_atari_envpool.py": dict(
-        base=BREAKOUT,
-        tiny=["--total-timesteps", 256, "--measure-burnin", 0],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="ppo_atari_envpool.py",
-    ),
-    "impala_ray.py": dict(
-        base=["--env-id", "CartPole-v1", "--num-actors", 2, "--envs-per-actor", 4, "--batch-size", 16],
-        tiny=["--total-timesteps", 3000, "--measure-burnin", 2],
-        diverge=["--learning-rate", 1e30],
-        lr="--learning-rate",
-        other="dqn.py",
-    ),
-}
 LONG = ["--total-timesteps", 10**7]  # a run that only a signal ends in the test's time
 
 
@@ -161,12 +39,12 @@ def error_lines(stderr):
 
 def saved_tiny_run(script, *more):
     """The session's shared run of `script`'s tiny settings that keeps its model, with `more` arguments."""
-    return shared_run(script, [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", *more])
+    return shared_run(script, [*SHORT_RUNS[script]["base"], *SHORT_RUNS[script]["tiny"], "--save-model", *more])
 
 
-@pytest.mark.parametrize("script", CASES)
+@pytest.mark.parametrize("script", SHORT_RUNS)
 def test_a_diverging_run_stops_with_one_error_line_and_a_strict_summary(script, workdir):
-    case = CASES[script]
+    case = SHORT_RUNS[script]
     args = [
         *case["base"],
         *case["tiny"],
@@ -208,7 +86,7 @@ def run_broken(script, name, workdir):
     """`script` with `name` raising (broken_copy), run to its end: its one error line, its run folder, its summary,
     its output; the traceback and the exit code checked."""
     copied = broken_copy(script, name, workdir)
-    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 2]
+    args = [*SHORT_RUNS[script]["base"], *SHORT_RUNS[script]["tiny"], "--save-model", "--eval-episodes", 2]
     _, proc = run_script(copied, args, workdir, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" in proc.stderr and f"ValueError: a bug in the changed {name}" in proc.stderr
@@ -252,7 +130,7 @@ SIGNALLED = [
     pytest.param(
         script, signum, marks=[pytest.mark.slow] if script in OWN_PROCESSES and signum == signal.SIGINT else []
     )
-    for i, script in enumerate(CASES)
+    for i, script in enumerate(SHORT_RUNS)
     for signum in (signal.SIGTERM, signal.SIGINT)
     if script in ("sac_continuous_action.py", *OWN_PROCESSES) or i % 2 == signum % 2
 ]
@@ -261,7 +139,7 @@ SIGNALLED = [
 @pytest.mark.parametrize("script, signum", SIGNALLED)
 def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
     """Output to a pipe, as under nohup or CI: progress lines come while it runs; the signal comes after one."""
-    args = [*CASES[script]["base"], *CASES[script]["tiny"], *LONG, "--save-model", "--eval-episodes", 0]
+    args = [*SHORT_RUNS[script]["base"], *SHORT_RUNS[script]["tiny"], *LONG, "--save-model", "--eval-episodes", 0]
     # a test runner started in the background (`cmd &`) ignores SIGINT, and so would the script
     proc = start_script(script, args, workdir, sigint_default=True)
     try:
@@ -284,16 +162,16 @@ def test_a_signal_keeps_the_steps_done_and_the_model(script, signum, workdir):
         f"no evaluation; written to {os.path.relpath(run_dir, workdir)}"
     ), human_line
     checkpoint = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
-    assert checkpoint["env_id"] == CASES[script]["base"][1]
+    assert checkpoint["env_id"] == SHORT_RUNS[script]["base"][1]
 
 
 # impala_ray.py and dqn_atari_async.py write the same way, but the limit would stop Ray's own log files, or the
 # storage in shared memory (a file in /dev/shm), first
 @pytest.mark.parametrize(
-    "script", [script for script in CASES if script not in ("impala_ray.py", "dqn_atari_async.py")]
+    "script", [script for script in SHORT_RUNS if script not in ("impala_ray.py", "dqn_atari_async.py")]
 )
 def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, workdir):
-    args = [*CASES[script]["base"], *CASES[script]["tiny"], "--save-model", "--eval-episodes", 0]
+    args = [*SHORT_RUNS[script]["base"], *SHORT_RUNS[script]["tiny"], "--save-model", "--eval-episodes", 0]
     proc = start_script(script, args, workdir, file_size_limit=50_000)  # the summary and the events fit, a model not
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 1, stderr[-2000:]
@@ -305,9 +183,9 @@ def test_a_failed_write_is_one_error_line_and_the_summary_comes_first(script, wo
     assert sorted(os.listdir(run_dir))[1:] == ["summary.json"]  # the events file, no model, no model.pt.tmp
 
 
-@pytest.mark.parametrize("script", [script for script, case in CASES.items() if case["other"]])
+@pytest.mark.parametrize("script", [script for script, case in SHORT_RUNS.items() if case["other"]])
 def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
-    trained, _ = saved_tiny_run(CASES[script]["other"], "--eval-episodes", 0)
+    trained, _ = saved_tiny_run(SHORT_RUNS[script]["other"], "--eval-episodes", 0)
     with open(os.path.join(trained["run_dir"], "model.pt"), "rb") as f:
         checkpoint = f.read()
     # a file that torch.load cannot read and a checkpoint of another script: the module's check, which
@@ -317,7 +195,7 @@ def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
         with open(os.path.join(workdir, name), "wb") as f:
             f.write(content)
         _, proc = run_script(
-            script, [*CASES[script]["base"], "--total-timesteps", 0, "--load-model", name], workdir, check=False
+            script, [*SHORT_RUNS[script]["base"], "--total-timesteps", 0, "--load-model", name], workdir, check=False
         )
         assert proc.returncode == 2, (name, proc.stderr[-2000:])
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -326,12 +204,12 @@ def test_a_bad_checkpoint_is_one_error_line_and_exit_code_2(script, workdir):
         assert "is not a checkpoint of this script" in lines[0] or "was trained on" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("script", CASES)
+@pytest.mark.parametrize("script", SHORT_RUNS)
 def test_a_run_folder_that_cannot_be_made_is_one_error_line_and_exit_code_2(script, workdir):
     """`runs` is a file here; the same line comes for no permission or a read-only disk, before any training."""
     with open(os.path.join(workdir, "runs"), "w") as f:
         f.write("not a folder\n")
-    _, proc = run_script(script, [*CASES[script]["base"], *CASES[script]["tiny"]], workdir, check=False)
+    _, proc = run_script(script, [*SHORT_RUNS[script]["base"], *SHORT_RUNS[script]["tiny"]], workdir, check=False)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("error: cannot make the run folder runs/") and lines[0].endswith(": Not a directory")
@@ -344,15 +222,15 @@ def test_a_run_started_in_the_same_second_with_the_same_settings_gets_a_folder_o
         os.makedirs(folder)
         with open(os.path.join(folder, "summary.json"), "w") as f:
             f.write("{}")
-    summary, _ = run_script("dqn.py", CASES["dqn.py"]["tiny"] + ["--eval-episodes", 0], workdir)
+    summary, _ = run_script("dqn.py", SHORT_RUNS["dqn.py"]["tiny"] + ["--eval-episodes", 0], workdir)
     assert os.path.dirname(summary["run_dir"]) == os.path.join(workdir, "runs")
     assert summary["run_dir"].endswith("-2") and summary["run_dir"][: -len("-2")] in taken
     assert all(os.listdir(folder) == ["summary.json"] for folder in taken)
 
 
-@pytest.mark.parametrize("script", CASES)
+@pytest.mark.parametrize("script", SHORT_RUNS)
 def test_values_that_make_no_sense_stop_before_any_work(script, workdir):
-    case = CASES[script]
+    case = SHORT_RUNS[script]
     bad = [
         ([case["lr"], -1], f"{case['lr']} must be a positive number"),
         ([case["lr"], "nan"], f"{case['lr']} must be a positive number"),
@@ -442,7 +320,7 @@ NO_SENSE = [
 
 @pytest.mark.parametrize("script, args, line", NO_SENSE, ids=[case[0] for case in NO_SENSE])
 def test_a_value_that_makes_no_sense_is_refused_from_the_command_line(script, args, line, workdir):
-    _, proc = run_script(script, [*CASES[script]["base"], *args], workdir, check=False, timeout=120)
+    _, proc = run_script(script, [*SHORT_RUNS[script]["base"], *args], workdir, check=False, timeout=120)
     assert proc.returncode == 2 and proc.stderr == line + "\n" and not os.path.exists(os.path.join(workdir, "runs"))
 
 

@@ -8,100 +8,12 @@ import os
 
 import pytest
 
-from script_runs import ROOT, SCRIPTS, run_script
-
-PROBE = os.path.join(ROOT, "tests", "host_sync_probe.py")
-ATARI = ["--total-timesteps", 256, "--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1]
-CASES = {
-    "sac_continuous_action.py": (
-        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
-        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
-    ),
-    "td3_continuous_action.py": (
-        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
-        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
-    ),
-    "fast_td3.py": (
-        ["--env-id", "Pendulum-v1", "--num-envs", 4, "--total-timesteps", 300, "--learning-starts", 200]
-        + ["--batch-size", 32, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
-        {"explore", "critic_loss", "actor_loss", "update_critics", "update_actor"},
-    ),
-    "ppo_continuous_action.py": (
-        [
-            "--env-id",
-            "Pendulum-v1",
-            "--total-timesteps",
-            128,
-            "--num-steps",
-            64,
-            "--num-minibatches",
-            2,
-            "--update-epochs",
-            1,
-        ],
-        {"policy", "gae", "ppo_loss", "update"},
-    ),
-    "ppo_atari_envpool.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
-    "ppo_atari_envpool_async.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
-    "ppo_atari_lstm.py": (ATARI, {"policy", "gae", "ppo_loss", "update"}),
-    "pqn.py": (
-        ["--total-timesteps", 256, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1],
-        {"policy", "q_lambda_returns", "td_loss", "update"},
-    ),
-    "pqn_atari_envpool.py": (ATARI, {"policy", "q_lambda_returns", "td_loss", "update"}),
-    "dqn.py": (
-        ["--total-timesteps", 700, "--learning-starts", 500, "--buffer-size", 1000],
-        {"policy", "td_loss", "update"},
-    ),
-    "dqn_atari.py": (
-        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2, "--start-e", 0.5],
-        {"policy", "td_loss", "update"},
-    ),
-    "rainbow_atari.py": (
-        ["--total-timesteps", 300, "--learning-starts", 200, "--buffer-size", 400, "--num-envs", 2],
-        {"policy", "rainbow_loss", "sample", "update"},
-    ),
-    # the learner compiles its loss only: the actor process acts eagerly
-    "dqn_atari_async.py": (
-        [
-            "--env-id",
-            "CartPole-v1",
-            "--total-timesteps",
-            700,
-            "--learning-starts",
-            500,
-            "--buffer-size",
-            1000,
-            "--batch-size",
-            64,
-        ],
-        {"td_loss", "update"},
-    ),
-    "impala_ray.py": (
-        [
-            "--env-id",
-            "CartPole-v1",
-            "--total-timesteps",
-            640,
-            "--num-actors",
-            1,
-            "--envs-per-actor",
-            4,
-            "--batch-size",
-            8,
-            "--unroll-length",
-            8,
-            "--replay-ratio",
-            0.5,
-        ],
-        {"impala_loss", "update"},
-    ),
-}
+from script_runs import PROBE, PROBED_RUNS, SCRIPTS, run_script
 
 
-@pytest.mark.parametrize("script", CASES)
+@pytest.mark.parametrize("script", PROBED_RUNS)
 def test_compiled_pieces_make_no_host_sync(script, tmp_path):
-    flags, pieces = CASES[script]
+    flags, pieces = PROBED_RUNS[script]
     log = tmp_path / "syncs.json"
     env = {"HOST_SYNC_LOG": str(log), "HOST_SYNC_PIECES": ",".join(sorted(pieces))}
     _, proc = run_script(

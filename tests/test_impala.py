@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import run_bookkeeping
 from checks import (
     CARTPOLE_SCREEN,
     RECORD,
@@ -25,6 +26,7 @@ from checks import (
     learned_the_cue,
     loss_and_gradients,
 )
+from reference_implementations import core_step_by_step, vtrace_reference
 from script_runs import load_script, run_on_standin, run_script, shared_run, start_script
 
 SCRIPT = "impala_ray.py"
@@ -53,21 +55,6 @@ CARTPOLE = [
     "--learning-rate",
     3e-4,
 ]
-
-
-def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, rho_clip, pg_rho_clip, c_clip):
-    """Espeholt et al. 2018, eq. 1, in float64: vs_t = V(x_t) + sum_{s=t}^{T-1} (prod_{i=t}^{s-1} gamma_i c_i)
-    rho_s delta_s, with delta_s = r_s + gamma_s V(x_{s+1}) - V(x_s), each term summed on its own (O(T^2))."""
-    rhos = np.exp(log_rhos)
-    next_values = np.concatenate([values[1:], bootstrap_value[None]])
-    T = len(rhos)
-    vs = values.copy()
-    for t in range(T):
-        for s in range(t, T):
-            trace = np.prod(discounts[t:s] * np.minimum(c_clip, rhos[t:s]), axis=0)
-            vs[t] += trace * np.minimum(rho_clip, rhos[s]) * (rewards[s] + discounts[s] * next_values[s] - values[s])
-    next_vs = np.concatenate([vs[1:], bootstrap_value[None]])
-    return vs, np.minimum(pg_rho_clip, rhos) * (rewards + discounts * next_vs - values)
 
 
 def random_unroll(T, B, seed):
@@ -130,19 +117,6 @@ def test_reward_scale_divides_by_the_std_of_every_discounted_return_so_far():
         np.testing.assert_allclose(scale(rewards[t], dones[t]), rewards[t] / np.sqrt(variance + 1e-8), rtol=1e-9)
 
 
-def step_by_step(agent, obs, state, dones):
-    """The actors' way through the core: one step at a time, the state zeroed after a step that ends an episode."""
-    logits, values = [], []
-    for t in range(len(obs)):
-        step_logits, step_values, state = agent(obs[t], state)
-        logits.append(step_logits)
-        values.append(step_values)
-        if t < len(dones):
-            keep = (1.0 - dones[t]).view(1, -1, 1)
-            state = tuple(part * keep for part in state)
-    return torch.stack(logits), torch.stack(values)
-
-
 @pytest.mark.parametrize("pixels", [False, True], ids=["mlp", "cnn"])
 @pytest.mark.parametrize("pattern", ["none", "t0", "last", "every", "many_short", "random"])
 def test_padded_core_equals_the_actors_step_by_step_loop(pattern, pixels):
@@ -163,7 +137,7 @@ def test_padded_core_equals_the_actors_step_by_step_loop(pattern, pixels):
     layout = [torch.from_numpy(a) for a in module.segment_layout(dones.numpy())]
     with torch.no_grad():
         torch.testing.assert_close(
-            agent.replay(obs, state, layout), step_by_step(agent, obs, state, dones), atol=1e-5, rtol=1e-5
+            agent.replay(obs, state, layout), core_step_by_step(agent, obs, state, dones), atol=1e-5, rtol=1e-5
         )
     unrolls = module.Unrolls(
         obs,
@@ -175,7 +149,7 @@ def test_padded_core_equals_the_actors_step_by_step_loop(pattern, pixels):
     )
     loss_fn = partial(module.impala_loss, agent=agent, args=module.Args(replay_ratio=0.5))
     padded = loss_and_gradients(loss_fn, agent, unrolls, layout)
-    agent.replay = lambda obs, state, layout: step_by_step(agent, obs, state, dones)
+    agent.replay = lambda obs, state, layout: core_step_by_step(agent, obs, state, dones)
     looped = loss_and_gradients(loss_fn, agent, unrolls, layout)
     assert_same_loss_and_gradients(padded, looped)
     assert looped[2]["lstm.weight_hh_l0"].abs().sum() > 0
@@ -309,16 +283,10 @@ def test_a_checkpoint_evaluates_to_the_reported_score_and_refuses_another_core(w
     assert proc.returncode == 2 and "lstm False); CartPole-v1 has obs_shape [4], num_actions 2" in proc.stderr
 
 
-def descendants(pid):
-    """Every process below `pid`, from pgrep's parent links."""
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return {int(child) for child in children} | {grandchild for child in children for grandchild in descendants(child)}
-
-
 def playing_actors(pid):
     """The actor processes of the run `pid` that are in an unroll (Ray's process title names the method)."""
     actors = set()
-    for child in descendants(pid):
+    for child in run_bookkeeping._descendants(pid):
         try:
             with open(f"/proc/{child}/cmdline") as f:
                 if "ray::UnrollActor.unroll" in f.read():
@@ -370,7 +338,7 @@ def test_a_sigkilled_driver_leaves_no_ray_process_behind(workdir):
     try:
         first_line = proc.stderr.readline()  # a progress line: Ray, its agents and the actors are up
         assert first_line.startswith("step "), first_line + proc.stderr.read()[-2000:]
-        ray_processes = descendants(proc.pid)
+        ray_processes = set(run_bookkeeping._descendants(proc.pid))
         assert len(ray_processes) >= 5  # GCS, raylet, two agents, two actors, the reaper
         proc.kill()
         proc.wait()

@@ -12,6 +12,7 @@ import torch._inductor.config as inductor_config
 import torch.nn as nn
 
 from checks import SPED_UP_CALLS, speed_flags_here, speed_up
+from reference_implementations import plain_critics
 from script_runs import load_script
 
 OBS_DIM, ACT_DIM, BATCH = 5, 3, 32
@@ -28,14 +29,6 @@ def make_batch(seed=0):
 
 
 CRITICS = {"sac_continuous_action.py": "SoftQNetwork", "td3_continuous_action.py": "QNetwork"}
-
-
-def plain_critics(qnet):
-    """The ensemble's members as separate plain critics (the script's critic class) holding copies of their weights."""
-    critics = [type(member)(OBS_DIM, ACT_DIM) for member in qnet.members]
-    for member, critic in zip(qnet.members, critics):
-        critic.load_state_dict(member.state_dict())
-    return critics
 
 
 def assert_ensemble_matches(qnet, critics, atol=1e-5):
@@ -291,7 +284,7 @@ def build(script, flags=(False, False, "cpu"), seed=0, critic_class=None):
 def test_critic_update_equals_a_plain_reference(script, layer_norm):
     critic_class = getattr(load_script(script), CRITICS[script])
     nets, critic_step, _ = build(script, critic_class=with_layer_norm(critic_class) if layer_norm else None)
-    critics, targets = plain_critics(nets["qnet"]), plain_critics(nets["target_qnet"])
+    critics, targets = (plain_critics(nets[name], OBS_DIM, ACT_DIM) for name in ("qnet", "target_qnet"))
     optimizer = torch.optim.Adam([p for c in critics for p in c.parameters()], lr=1e-3, foreach=False)
     obs, actions, rewards, next_obs, terminations = batch = make_batch()
     actor = nets["actor"] if script.startswith("sac") else nets["target_actor"]

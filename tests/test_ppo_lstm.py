@@ -7,7 +7,6 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from test_ppo_atari import random_policy_scores
 
 from checks import (
     ATARI_SCREEN,
@@ -23,7 +22,9 @@ from checks import (
     done_patterns,
     loss_and_gradients,
     modes_here,
+    random_policy_scores,
 )
+from reference_implementations import reference_lstm_outputs, reference_ppo_lstm_loss
 from script_runs import load_script, run_on_standin, run_script, shared_run
 
 envpool = pytest.importorskip("envpool")
@@ -58,21 +59,6 @@ def tiny_run(impl="padded", mode_flags=MODES["eager"]):
     return [*TINY, *mode_flags, "--lstm-impl", impl, "--save-model"]
 
 
-def reference_outputs(lstm, features, h, c, starts):
-    """The loop written out cell by cell with nn.LSTMCell's math, independent of the script."""
-    weight_ih, weight_hh = lstm.weight_ih_l0, lstm.weight_hh_l0
-    bias = lstm.bias_ih_l0 + lstm.bias_hh_l0
-    h, c, outputs = h[0], c[0], []
-    for feature, start in zip(features, starts):
-        h, c = h * (1 - start[:, None]), c * (1 - start[:, None])
-        gates = feature @ weight_ih.T + h @ weight_hh.T + bias
-        i, f, g, o = gates.chunk(4, -1)
-        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-        h = o.sigmoid() * c.tanh()
-        outputs.append(h)
-    return torch.stack(outputs)
-
-
 @pytest.mark.parametrize("pattern", ["none", "t0", "last", "every", "many_short", "random"])
 def test_padded_lstm_equals_the_loop(pattern):
     module = load_script(SCRIPT)
@@ -82,7 +68,7 @@ def test_padded_lstm_equals_the_loop(pattern):
     features = torch.randn(16, 3, 512, generator=g)
     h, c = torch.randn(1, 3, 128, generator=g), torch.randn(1, 3, 128, generator=g)
     starts = done_patterns(16, 3, g)[pattern]
-    expected = reference_outputs(lstm, features, h, c, starts)
+    expected = reference_lstm_outputs(lstm, features, h, c, starts)
     looped, _ = module.lstm_loop(lstm, features, h, c, starts)
     layout = [torch.from_numpy(a) for a in module.segment_layout(starts.numpy())]
     padded = module.lstm_padded(lstm, features, h, c, *layout)
@@ -143,26 +129,6 @@ def test_padded_loss_and_gradients_equal_the_loop(pattern, compiled):
     assert (loop_grads["lstm.weight_hh_l0"].abs().sum() > 0) == (pattern != "every")
 
 
-def reference_ppo_loss(agent, minibatch, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5):
-    """CleanRL's PPO-LSTM loss on the steps CleanRL's wrappers would have stored: the restarts removed before any
-    mean or standard deviation is taken, the state zeroed at each episode's first frame (the cell-by-cell loop)."""
-    hidden = reference_outputs(
-        agent.lstm, agent.features(minibatch.obs), minibatch.initial_h, minibatch.initial_c, minibatch.starts
-    )
-    kept = minibatch.dones == 0
-    logits = agent.actor(hidden)[kept]
-    new_logprob = torch.distributions.Categorical(logits=logits).log_prob(minibatch.actions[kept])
-    entropy = torch.distributions.Categorical(logits=logits).entropy()
-    new_value = agent.critic(hidden).squeeze(-1)[kept]
-    advantages, returns, values = (t[kept] for t in (minibatch.advantages, minibatch.returns, minibatch.values))
-    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    ratio = (new_logprob - minibatch.logprobs[kept]).exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-    clipped_value = values + (new_value - values).clamp(-clip_coef, clip_coef)
-    v_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
-    return pg_loss - ent_coef * entropy.mean() + vf_coef * v_loss, {"entropy": entropy.mean().detach()}
-
-
 @pytest.mark.parametrize("impl", ["padded", "loop"])
 def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl):
     """Equal to CleanRL's loss over the kept steps, and blind to what the restarts hold."""
@@ -183,7 +149,7 @@ def test_the_loss_leaves_out_envpools_restarts_as_cleanrl_never_stores_them(impl
     minibatch = module.Minibatch(obs, dones, starts, h, c, *rollout, *layout)
     script_loss = ppo_loss_of(module, agent, impl, False)
     ours = loss_and_gradients(script_loss, agent, minibatch)
-    expected = loss_and_gradients(partial(reference_ppo_loss, agent), agent, minibatch)
+    expected = loss_and_gradients(partial(reference_ppo_lstm_loss, agent), agent, minibatch)
     assert_same_loss_and_gradients(ours, expected)
     # what a restart holds (its ignored action, its advantage, its return) changes nothing
     noise = [torch.where(dones.bool(), t.roll(1, 0) + 3, t) for t in rollout]
@@ -284,7 +250,7 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
         ],
         workdir,
     )
-    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1)  # about 1.5
+    random_scores = random_policy_scores(SCRIPT, "Breakout-v5", 30, seed=1, training=False)  # about 1.5
     trained = np.array(summary["eval_returns"])
     assert_beats_random(trained, random_scores, factor=2)
 

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 import run_bookkeeping
 from checks import assert_a_seed_learns, assert_compiled_as_designed, learned_the_cue
+from reference_implementations import reference_ppo_update
 from script_runs import ROOT, SCRIPTS, STANDIN, load_script, run_script, sabotaged_if_asked
 
 pytest.importorskip("envpool")
@@ -79,27 +80,6 @@ def process_update(rank, port, out):
     dist.destroy_process_group()
 
 
-def reference_update(agent, minibatches, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, max_grad_norm=UNCLIPPED):
-    """CleanRL's PPO update of one process, minibatch after minibatch: the advantages normalised over the minibatch,
-    the mean loss, clipping, Adam. Returns each minibatch's gradient norm."""
-    optimizer, grad_norms = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5), []
-    for obs, actions, logprobs, advantages, returns, values in minibatches:
-        logits = agent.actor(agent.hidden(obs))
-        dist_ = torch.distributions.Categorical(logits=logits)
-        new_value = agent.critic(agent.hidden(obs)).squeeze(-1)
-        ratio = (dist_.log_prob(actions) - logprobs).exp()
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-        clipped_value = values + (new_value - values).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
-        loss = pg_loss - ent_coef * dist_.entropy().mean() + vf_coef * v_loss
-        optimizer.zero_grad()
-        loss.backward()
-        grad_norms.append(torch.nn.utils.clip_grad_norm_(agent.parameters(), max_grad_norm))
-        optimizer.step()
-    return torch.stack(grad_norms)
-
-
 def test_two_processes_take_the_step_one_process_takes_on_both_rollouts(tmp_path):
     """Each process's minibatch is its share of one minibatch of the whole rollout: the averaged gradients (and the
     advantages normalised over both shares) give the gradient norms and the weights of one process updating on the
@@ -116,7 +96,7 @@ def test_two_processes_take_the_step_one_process_takes_on_both_rollouts(tmp_path
         rows = [order[index * minibatch_rows : (index + 1) * minibatch_rows] for order in local_orders()]
         minibatches.append([torch.cat([share[i][rows[rank]] for rank, share in enumerate(shares)]) for i in range(6)])
     before = {name: value.clone() for name, value in agent.state_dict().items()}
-    grad_norms = reference_update(agent, minibatches)
+    grad_norms = reference_ppo_update(agent, minibatches, UNCLIPPED)
     for rank in range(2):
         saved = torch.load(tmp_path / f"rank{rank}.pt")
         torch.testing.assert_close(saved["grad_norms"], grad_norms, atol=1e-6, rtol=1e-5)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
-import torch.nn.functional as F
 
 from checks import (
     ATARI_SCREEN,
@@ -19,16 +18,20 @@ from checks import (
     RECORD,
     SPED_UP_CALLS,
     SUMMARY_KEYS,
+    are_whole_game_scores,
     assert_a_seed_learns,
     assert_beats_random,
     assert_compiled_as_designed,
     assert_records_the_first_evaluation_game,
     assert_same_seed_same_numbers,
+    assert_writes_cleanrls_tags,
     learned_the_cue,
     modes_here,
+    random_policy_scores,
     speed_flags_here,
     speed_up,
 )
+from reference_implementations import plain_pqn_step, reference_q_lambda
 from script_runs import load_script, run_on_standin, run_script, shared_run
 
 CLASSIC, ATARI = "pqn.py", "pqn_atari_envpool.py"
@@ -54,19 +57,6 @@ def tiny_run(script):
 def needs_envpool(script):
     if script == ATARI:
         pytest.importorskip("envpool")
-
-
-def reference_q_lambda(rewards, values, dones, next_value, next_done, gamma, q_lambda):
-    """CleanRL's reverse loop (pqn.py, pqn_atari_envpool.py)."""
-    returns = torch.zeros_like(rewards)
-    for t in reversed(range(len(rewards))):
-        if t == len(rewards) - 1:
-            returns[t] = rewards[t] + gamma * next_value * (1.0 - next_done)
-        else:
-            next_nonterminal = 1.0 - dones[t + 1]
-            mixed = q_lambda * returns[t + 1] + (1 - q_lambda) * values[t + 1]
-            returns[t] = rewards[t] + gamma * mixed * next_nonterminal
-    return returns
 
 
 @BOTH
@@ -108,17 +98,6 @@ def test_the_policy_is_epsilon_greedy_with_the_greedy_values(script):
     assert ((counts - len(uniform) / 3) ** 2 / (len(uniform) / 3)).sum() < 13.8  # chi-square, 2 dof, p = 0.001
     other = torch.cat([draw(torch.tensor(0.3))[0] != table.argmax(-1) for _ in range(2)]).double()
     assert abs(other.mean() - 0.2) < 4 * math.sqrt(0.2 * 0.8 / len(other))
-
-
-def plain_pqn_step(q_network, optimizer, obs, actions, returns, max_grad_norm=10.0):
-    """CleanRL's minibatch step, written plainly: a float learning rate and torch's default RAdam."""
-    old_val = q_network(obs).gather(1, actions.unsqueeze(-1).long()).squeeze()
-    loss = F.mse_loss(returns, old_val)
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(q_network.parameters(), max_grad_norm)
-    optimizer.step()
-    return {"td_loss": loss, "q_values": old_val.mean()}
 
 
 def minibatch(script, generator, rows=32):
@@ -237,7 +216,7 @@ def test_every_mode_writes_a_valid_summary(script, mode, workdir):
     assert summary["cudagraphs_requested"] == ("cudagraphs" in mode) and summary["cudagraphs_active"] is False
     assert summary["num_updates"] == 2 * 2 * 2 and summary["steady_steps"] == 128  # the first iteration: warm-up
     assert summary["sps"] == pytest.approx(summary["steady_steps"] / summary["steady_seconds"])
-    assert len(summary["eval_returns"]) == 2 and all(r >= 0 and r == int(r) for r in summary["eval_returns"])
+    assert len(summary["eval_returns"]) == 2 and are_whole_game_scores(summary["eval_returns"], ENV[script][1])
     assert all(math.isfinite(value) for value in summary["final_metrics"].values())
     assert sum("--cudagraphs needs CUDA" in line for line in proc.stderr.splitlines()) == ("cudagraphs" in mode)
 
@@ -247,6 +226,10 @@ def test_capture_video_records_the_first_evaluation_game(script):
     needs_envpool(script)
     screen = ATARI_SCREEN if script == ATARI else CARTPOLE_SCREEN
     assert_records_the_first_evaluation_game(shared_run(script, tiny_run(script))[0], screen)
+
+
+def test_every_tag_of_cleanrls_script_is_written():
+    assert_writes_cleanrls_tags(shared_run(CLASSIC, tiny_run(CLASSIC))[0])
 
 
 @BOTH
@@ -312,19 +295,6 @@ def test_learns_cartpole_to_its_cap(workdir):
     assert summary["return_mean"] >= 475 and np.mean(summary["eval_returns"]) >= 475
 
 
-def random_policy_scores(env_id, games, seed):
-    """True scores of whole games with uniformly random actions, on the script's own evaluation envs."""
-    envs = load_script(ATARI).make_envs(env_id, games, seed=seed, training=False)
-    envs.reset()
-    rng = np.random.default_rng(seed)
-    scores, finished = np.zeros(games), np.zeros(games, dtype=bool)
-    while not finished.all():
-        _, rewards, terminations, truncations, _ = envs.step(rng.integers(envs.action_space.n, size=games))
-        scores += rewards * ~finished
-        finished |= terminations | truncations
-    return scores
-
-
 @pytest.mark.learning
 def test_learns_the_cue_task(workdir):
     """Cue-v5 (tests/standin/envpool.py) through pqn_atari_envpool.py's envpool code: 4,096 steps, rollouts of 32
@@ -343,5 +313,5 @@ def test_learns_breakout_well_above_a_random_policy(workdir):
     pytest.importorskip("envpool")
     args = ["--total-timesteps", 49_152, "--eval-episodes", 20, "--seed", 1]
     summary, _ = run_script(ATARI, args, workdir)
-    random_scores = random_policy_scores("Breakout-v5", 30, seed=1)  # about 1.4
+    random_scores = random_policy_scores(ATARI, "Breakout-v5", 30, seed=1, training=False)  # about 1.4
     assert_beats_random(summary["eval_returns"], random_scores, factor=2)

@@ -7,9 +7,8 @@ import os
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_hard_knocks import CASES
 
-from script_runs import ROOT, run_script
+from script_runs import ROOT, SHORT_RUNS, run_script, the_one_error_line
 
 BLOCK = 32 * 1024
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
@@ -98,23 +97,16 @@ def test_track_offline_keeps_the_name_the_config_the_scalars_and_the_evaluation_
     assert any(name.endswith(".mp4") for name in files), files
 
 
-def the_one_error_line(script, args, workdir, env=None):
-    """Runs `script` in `workdir`: it must exit with code 2, one line on stderr and no run folder; returns the line."""
-    _, proc = run_script(script, args, workdir, check=False, timeout=120, env=env)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
-    assert not os.path.exists(os.path.join(workdir, "runs"))
-    return lines[0]
-
-
-@pytest.mark.parametrize("script", sorted(CASES))
+@pytest.mark.parametrize("script", sorted(SHORT_RUNS))
 def test_track_without_wandb_is_one_error_line_and_exit_code_2(script, workdir, tmp_path):
     """wandb is an optional extra: a run that asks for it says how to install it, before any work."""
     hidden = tmp_path / "no_wandb"
     hidden.mkdir()
     (hidden / "wandb.py").write_text("raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(hidden), ROOT])}
-    line = the_one_error_line(script, [*CASES[script]["base"], *CASES[script]["tiny"], "--track"], workdir, env)
+    line = the_one_error_line(
+        script, [*SHORT_RUNS[script]["base"], *SHORT_RUNS[script]["tiny"], "--track"], workdir, env
+    )
     assert line == 'error: --track logs to Weights & Biases, which is not installed: pip install ".[wandb]"'
 
 
