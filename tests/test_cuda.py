@@ -1,8 +1,8 @@
-"""The `cuda` tier: what only a GPU shows, skipped without CUDA. `python -m pytest -m cuda -n 4` on the GPU machine
-runs it in a few minutes (docs/contributing.md says when). Every script in its four modes at tiny budgets, its
-pieces captured and replayed; the acting views equal to their learners after updates, with cuDNN's own LSTM; a run
-continued with --cudagraphs from an eager run's checkpoint; a checkpoint saved on the GPU loaded on a CPU and back;
-no host sync inside the pieces that CUDA graphs capture."""
+"""The `cuda` tier's runs: what only a GPU shows, skipped without CUDA (docs/contributing.md: the tier, its command
+on a lent GPU, and when to run it; the pieces' equivalence tests in the algorithms' test files are in it too). Every
+script in its four modes at tiny budgets, its pieces captured and replayed; the acting views equal to their learners
+after updates, with cuDNN's own LSTM; a run continued with --cudagraphs from an eager run's checkpoint; a checkpoint
+saved on the GPU loaded on a CPU and back; no host sync inside the pieces that CUDA graphs capture."""
 
 import json
 import math
