@@ -235,15 +235,19 @@ if __name__ == "__main__":
     rb = ReplayBuffer(args.buffer_size, obs_dim, args.num_envs, device)
     rng = np.random.default_rng(args.seed)
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
-    num_updates = 0
+    num_updates, first_iteration = 0, 0
     metrics = {}
     global_step = 0
     obs, _ = envs.reset(seed=args.seed)
+    # with --resume: every state and random generator as its last checkpoint left them, and the loop's counters
+    if resumed := run.resumable(target_network=target_network, rb=rb, rng=rng, envs=envs):
+        first_iteration, num_updates, obs = resumed["iteration"], resumed["num_updates"], resumed["obs"]
     run.start()
     with run.stoppable():
-        for iteration in range(args.total_timesteps // args.num_envs):
+        for iteration in range(first_iteration, args.total_timesteps // args.num_envs):
             stop_if_signalled()
             global_step = iteration * args.num_envs
+            run.checkpoint_if_due(global_step, iteration=iteration, num_updates=num_updates, obs=obs)
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
             next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, actions)
             real_next_obs = next_obs.copy()  # truncated episodes bootstrap from their true final observation

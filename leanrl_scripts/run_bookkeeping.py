@@ -4,10 +4,12 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
     run = Run(args)  # check_flags: one line, exit code 2, for a value its flag's type (Flag) refuses; seeds; the device
     run.tune_cpu(threads=...)  # torch's CPU threads, before any tensor work
     run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=n)  # the Checkpoint's contents
+    resumed = run.resumable(rb=rb, envs=envs)  # the Snapshot's others; with --resume, all restored, the loop's counters
     run.start()  # the Sinks (the run folder, TensorBoard, W&B, the progress line), the SignalWatcher
     with run.stoppable():  # a signal at a safe point, a non-finite loss or an exception ends the block
         for ...:
             stop_if_signalled()  # the safe point a first Ctrl-C or SIGTERM stops at
+            run.checkpoint_if_due(step, iteration=iteration)  # --checkpoint-every: the Snapshot, the loop's counters
             next_obs, ... = run.timed_env_call(envs.step, actions)
             run.start_speed_measure(step)  # the first call starts the Clock's figure: warm-up left out
             run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
@@ -15,21 +17,24 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
     run.end_training(step, metrics)
     sys.exit(run.write_and_evaluate(evaluate, summary))  # summary.json and model.pt, then the evaluation; the exit code
 
-Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Clock, SilentSinks
-and Sinks, SignalWatcher; each part's private helpers stand right above it, Run's own (the run folder, the held
-warnings, the CPU threads, the memory check, the summary, the processes it started) right above Run. A script calls a
-part's other jobs on the part itself, run.clock and run.sinks: an actor's env time (run.clock.add_env_seconds), a rate
+Run hands each job to the part that owns it, defined above it in this order: check_flags, Checkpoint, Snapshot, Clock,
+SilentSinks and Sinks, SignalWatcher; each part's private helpers stand right above it, Run's own (the run folder, the
+held warnings, the CPU threads, the memory check, the summary, the processes it started) right above Run. A script calls
+a part's other jobs on the part itself, run.clock and run.sinks: an actor's env time (run.clock.add_env_seconds), a rate
 over the steady phase (run.clock.per_steady_second), the recent training return (run.sinks.recent_return).
 
 Exit codes: 2 bad input, before any work; 1 a non-finite value or an exception in the training (no model saved: it
 may be half updated) or in the evaluation (the training's summary and model kept); 128 + the signal after Ctrl-C
-(130) or SIGTERM (143), the summary of the steps done written in every case."""
+(130) or SIGTERM (143), the summary of the steps done written in every case. A run killed at once (SIGKILL, the OOM
+killer, a lost machine) keeps its last snapshot, with --checkpoint-every; --resume goes on from it."""
 
+import copy
 import ctypes
 import io
 import json
 import math
 import os
+import pickle
 import random
 import resource
 import signal
@@ -134,6 +139,8 @@ class RunArgs:
     capture_video: bool = False  # record the first evaluation episode to runs/<run_name>/videos (needs .[video])
     save_model: bool = False  # save a checkpoint to runs/<run_name>/model.pt at the end
     load_model: str = ""  # a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)
+    checkpoint_every: Flag.CountFrom0 = 0  # write the run's whole state to its folder every N env steps (0: never)
+    resume: str = ""  # a run folder: continue that run from its last state (--checkpoint-every), as if never stopped
 
 
 def fail(message):
@@ -214,6 +221,8 @@ def check_flags(args):
         fail(f"--seed must be from 0 to 2**30, not {args.seed}")
     if args.load_model and not os.path.isfile(args.load_model):
         fail(f"--load-model: no checkpoint at {args.load_model}")
+    if args.load_model and args.resume:
+        fail("--resume continues a run, --load-model starts one from a model: give one of them")
     if args.track:
         try:
             import wandb  # noqa: F401
@@ -296,6 +305,120 @@ class Checkpoint:
         _write_atomic(path, buffer.getvalue())
 
 
+# Flags a resumed run may change: they change how it runs or ends, not what it learns
+_RESUME_MAY_CHANGE = {"resume", "checkpoint_every", "total_timesteps", "torch_threads", "cuda", "compile", "cudagraphs"}
+_RESUME_MAY_CHANGE |= {"eval_episodes", "capture_video", "save_model", "track", "wandb_project_name", "wandb_entity"}
+
+
+def _snapshot_of(value):  # what a snapshot keeps of one of the run's states
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    if isinstance(value, torch.Tensor) or hasattr(value, "state_dict"):
+        return _state_of(value)
+    if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, and which reset at the next step
+        return pickle.dumps((value.envs, value._autoreset_envs))
+    return {key: item.clone() if torch.is_tensor(item) else copy.deepcopy(item) for key, item in vars(value).items()}
+
+
+def _restore(value, saved):  # in place: the pieces bound to a state (compiled, graphed) see the restored one
+    if isinstance(value, np.random.Generator):
+        value.bit_generator.state = saved
+    elif isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            value.copy_(saved)
+    elif hasattr(value, "param_groups"):
+        _load_keeping_settings(value, saved)
+    elif hasattr(value, "state_dict"):
+        value.load_state_dict(saved)
+    elif hasattr(value, "envs"):
+        value.envs, value._autoreset_envs = pickle.loads(saved)
+    else:  # a buffer: its tensors refilled, its counters and arrays set
+        for key, item in saved.items():
+            if torch.is_tensor(item):
+                _restore(getattr(value, key), item)
+            else:
+                setattr(value, key, item)
+
+
+class Snapshot:
+    """What --checkpoint-every writes and --resume reads: the run's whole state (the Checkpoint's states and the
+    script's others: its replay, generators and envs; the loop's counters; every random generator; the clock and the
+    recent returns), in the run folder's state.pt. A new one is written atomically, the one before it kept as
+    state.prev.pt until then: a run killed at any moment leaves one whole snapshot."""
+
+    def __init__(self, args):
+        self.every, self.next_step = args.checkpoint_every, None
+        self.saved = self._load(args) if args.resume else None
+
+    def _load(self, args):
+        folder = args.resume
+        paths = [os.path.join(folder, name) for name in ("state.pt", "state.prev.pt")]
+        if not any(map(os.path.isfile, paths)):
+            fail(f"--resume: no state.pt in {folder} (a run writes it with --checkpoint-every N)")
+        if not os.access(folder, os.W_OK):
+            fail(f"--resume: the run folder {folder} is read-only; a resumed run writes there")
+        problems = []
+        for path in filter(os.path.isfile, paths):
+            try:  # not weights_only: the envs' state is pickled, and the file is this run's own
+                saved = torch.load(path, map_location="cpu", weights_only=False)
+                break
+            except Exception as error:  # truncated, empty, not a torch file
+                problems.append(f"{os.path.basename(path)} is damaged ({type(error).__name__})")
+        else:
+            fail(f"--resume: {'; '.join(problems)}: nothing to resume from in {folder}")
+        if problems:
+            print(f"warning: --resume: {problems[0]}; resuming from state.prev.pt", file=sys.stderr)
+        if (saved["args"]["exp_name"], saved["args"]["env_id"]) != (args.exp_name, args.env_id):
+            theirs = f"{saved['args']['exp_name']} on {saved['args']['env_id']}"
+            fail(f"--resume: {folder} is a run of {theirs}, not {args.exp_name} on {args.env_id}")
+        given = asdict(args)
+        for name, value in saved["args"].items():
+            if name not in _RESUME_MAY_CHANGE and given.get(name) != value:
+                flag = "--" + name.replace("_", "-")
+                fail(f"--resume: the run was trained with {flag} {value}, not {given.get(name)}: give its own value")
+        return saved
+
+    def due(self, step):
+        """Whether a snapshot is due at `step` (every --checkpoint-every steps from the run's start or its resume)."""
+        if self.every == 0:
+            return False
+        if self.next_step is None:
+            self.next_step = step + self.every
+        return step >= self.next_step
+
+    def save(self, folder, step, args, states, loop, clock, sinks):
+        """The `states`, the `loop`'s counters, the clock, the recent returns and every random generator, as
+        state.pt, atomically."""
+        generators = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+        if torch.cuda.is_available():
+            generators["cuda"] = torch.cuda.get_rng_state_all()
+        states = {name: _snapshot_of(state) for name, state in states.items()}
+        everything = dict(args=asdict(args), states=states, loop=loop, clock=clock.elapsed(), step=step)
+        buffer = io.BytesIO()
+        torch.save({**everything, "recent_returns": list(sinks.recent_returns), "generators": generators}, buffer)
+        path = os.path.join(folder, "state.pt")
+        if os.path.exists(path):
+            os.replace(path, os.path.join(folder, "state.prev.pt"))
+        _write_atomic(path, buffer.getvalue())
+        self.next_step = step + self.every
+
+    def restore(self, states, clock):
+        """With --resume: the `states` in place, every random generator and the clock as saved; the loop's counters
+        (None without --resume)."""
+        if self.saved is None:
+            return None
+        for name, state in states.items():
+            _restore(state, self.saved["states"][name])
+        clock.go_on_from(self.saved["clock"])
+        generators = self.saved["generators"]
+        random.setstate(generators["python"])
+        np.random.set_state(generators["numpy"])
+        torch.set_rng_state(generators["torch"])
+        if "cuda" in generators and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(generators["cuda"])
+        return self.saved["loop"]
+
+
 def _graph_counts():  # torch.compile's graphs and graph breaks so far in this process
     if "torch._dynamo" not in sys.modules:
         return 0, 0
@@ -345,6 +468,20 @@ class Clock:
         self.steps_done = step
         self.steady_steps = step - self.steady_step
         self.steady_seconds = time.perf_counter() - self.steady_time
+
+    def elapsed(self):
+        """Its readings as durations, for a snapshot: a resumed run's clock goes on from them (the time it lay
+        stopped left out)."""
+        now = time.perf_counter()
+        steady = None if self.steady_time is None else (now - self.steady_time, self.steady_step)
+        return dict(total=now - self.start_time, steady=steady, env_seconds=self.env_seconds)
+
+    def go_on_from(self, saved):
+        now = time.perf_counter()
+        self.start_time, self.env_seconds = now - saved["total"], saved["env_seconds"]
+        if saved["steady"] is not None:
+            seconds, self.steady_step = saved["steady"]
+            self.steady_time, self.graphs_at_steady = now - seconds, 0
 
     def per_steady_second(self, count):
         """`count`, what the steady phase did (updates, say), per second of it; None for a run without one."""
@@ -428,7 +565,7 @@ class Sinks(SilentSinks):
 
     writes = True
 
-    def __init__(self, args, folder, clock):
+    def __init__(self, args, folder, clock, resumed=None):
         super().__init__()
         self.total_timesteps, self.clock = args.total_timesteps, clock
         if args.track:  # before the SummaryWriter: sync_tensorboard follows the writers made after it
@@ -441,14 +578,20 @@ class Sinks(SilentSinks):
             except Exception as error:  # no API key, no network
                 reason = (str(error).strip() or type(error).__name__).splitlines()[0]
                 fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
+        step = resumed["step"] if resumed else 0
         try:
-            os.makedirs(folder)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
-            self.writer = SummaryWriter(folder)
+            if not resumed:
+                os.makedirs(folder)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
+            # a resumed run's scalars go on from its snapshot's step: those logged after it are dropped, one curve
+            self.writer = SummaryWriter(folder, purge_step=step if resumed else None)
         except OSError as error:  # `runs` is a file, no permission, a read-only disk
             fail(f"cannot make the run folder {folder}: {error.strerror or error}")
         table = "".join(f"\n|{name}|{value}|" for name, value in asdict(args).items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|" + table)
-        self.bar = tqdm(total=args.total_timesteps, mininterval=1, disable=not sys.stderr.isatty())
+        self.bar = tqdm(total=args.total_timesteps, initial=step, mininterval=1, disable=not sys.stderr.isatty())
+        if resumed:
+            self.recent_returns.extend(resumed["recent_returns"])
+            self.last_step = step
         self.next_line = time.perf_counter()
 
     def record_episode(self, step, episode_return, length=None):
@@ -686,9 +829,11 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         self.cudagraphs = args.cudagraphs and self.device.type == "cuda"  # without CUDA the same code runs eagerly
         self.mode = "+".join(flag for flag in ("compile", "cudagraphs") if getattr(args, flag)) or "eager"
-        self.dir = _run_folder(args, self.mode)
+        self.snapshot = Snapshot(args)
+        self.dir = args.resume or _run_folder(args, self.mode)
         self.video_folder = os.path.join(self.dir, "videos") if args.capture_video else None
         self.checkpoint, self.clock, self.sinks = None, Clock(self.device), SilentSinks()
+        self.run_states = None  # what --checkpoint-every keeps, named by resumable
         self.watcher = SignalWatcher(compiles=args.compile)
         self.stopped = None  # the Stopped that ended the run
         self.final_metrics = {}
@@ -710,14 +855,31 @@ class Run:
         self.checkpoint = Checkpoint(self.args, self.device, states, sizes)
         return self.checkpoint.loaded
 
+    def resumable(self, **states):
+        """Names the run's states beyond the Checkpoint's (its replay, generators, envs: anything with a state_dict,
+        tensors, NumPy generators, gymnasium vector envs, buffers of tensors and counters) that --checkpoint-every
+        keeps. With --resume, restores them all and every random generator, and returns the loop's counters as
+        checkpoint_if_due saved them; else None."""
+        self.run_states = {**self.checkpoint.states, **states}
+        return self.snapshot.restore(self.run_states, self.clock)
+
+    def checkpoint_if_due(self, step, **loop):
+        """At a point of the loop where its state is whole, every --checkpoint-every steps: the snapshot of every
+        state resumable named, with the loop's counters `loop` (what resumable returns to the resumed run)."""
+        if self.snapshot.due(step):
+            self.sinks.flush()  # the scalars so far on disk: a resumed run's go on from `step`
+            self.snapshot.save(self.dir, step, self.args, self.run_states, loop, self.clock, self.sinks)
+
     def start(self, write=True):
         """Shows the held warnings; makes the run folder and the Sinks (SilentSinks unless `write`); starts the
         SignalWatcher."""
         if self.args.save_model and self.checkpoint is None:
             fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
+        if (self.args.checkpoint_every or self.args.resume) and self.run_states is None:
+            fail("--checkpoint-every and --resume: this script does not keep its run's whole state (run.resumable)")
         self.show_held_warnings()
         if write:
-            self.sinks = Sinks(self.args, self.dir, self.clock)
+            self.sinks = Sinks(self.args, self.dir, self.clock, self.snapshot.saved)
             if self.args.cudagraphs and not self.cudagraphs:
                 print("warning: --cudagraphs needs CUDA; running the same code eagerly", file=sys.stderr)
         self.watcher.start(self._stop_at_once)
