@@ -315,8 +315,8 @@ def _snapshot_of(value):  # what a snapshot keeps of one of the run's states
         return value.bit_generator.state
     if isinstance(value, torch.Tensor) or hasattr(value, "state_dict"):
         return _state_of(value)
-    if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, and which reset at the next step
-        return pickle.dumps((value.envs, value._autoreset_envs))
+    if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, which reset at the next step, and
+        return pickle.dumps((value.envs, value._autoreset_envs, value.action_space))  # the random actions' generator
     return {key: item.clone() if torch.is_tensor(item) else copy.deepcopy(item) for key, item in vars(value).items()}
 
 
@@ -331,7 +331,7 @@ def _restore(value, saved):  # in place: the pieces bound to a state (compiled, 
     elif hasattr(value, "state_dict"):
         value.load_state_dict(saved)
     elif hasattr(value, "envs"):
-        value.envs, value._autoreset_envs = pickle.loads(saved)
+        value.envs, value._autoreset_envs, value.action_space = pickle.loads(saved)
     else:  # a buffer: its tensors refilled, its counters and arrays set
         for key, item in saved.items():
             if torch.is_tensor(item):
@@ -357,7 +357,7 @@ class Snapshot:
             fail(f"--resume: no state.pt in {folder} (a run writes it with --checkpoint-every N)")
         if not os.access(folder, os.W_OK):
             fail(f"--resume: the run folder {folder} is read-only; a resumed run writes there")
-        problems = []
+        problems = [] if os.path.isfile(paths[0]) else ["no state.pt (its write was cut short)"]
         for path in filter(os.path.isfile, paths):
             try:  # not weights_only: the envs' state is pickled, and the file is this run's own
                 saved = torch.load(path, map_location="cpu", weights_only=False)

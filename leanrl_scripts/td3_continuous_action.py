@@ -305,16 +305,21 @@ if __name__ == "__main__":
         policy_step, critic_step, actor_step = map(graphed, (policy_step, critic_step, actor_step))
 
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, device)
-    num_updates = 0
+    num_updates, first_iteration = 0, 0
     metrics = {}
     global_step = 0
     num_iterations = args.total_timesteps // args.num_envs
     obs, _ = envs.reset(seed=args.seed)
+    # with --resume: every state and random generator as its last checkpoint left them, and the loop's counters
+    if resumed := run.resumable(rb=rb, envs=envs):
+        first_iteration, num_updates = resumed["iteration"], resumed["num_updates"]
+        obs, metrics = resumed["obs"], resumed["metrics"]
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
             stop_if_signalled()
             global_step = iteration * args.num_envs
+            run.checkpoint_if_due(global_step, iteration=iteration, num_updates=num_updates, obs=obs, metrics=metrics)
             if global_step >= args.learning_starts and num_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
             if global_step < args.learning_starts and not loaded:

@@ -14,9 +14,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from script_runs import run_script, start_script
 
-# DQN on CartPole: 6,000 steps, a snapshot every 1,000, an update every 10 steps from step 500
-DQN = ["--total-timesteps", 6000, "--learning-starts", 500, "--eval-episodes", 0, "--save-model"]
-SNAPSHOTS = [*DQN, "--checkpoint-every", 1000]
+# Each script with its run state kept: a run of a few snapshots, an update at every step from early on
+CONTINUOUS = ["--env-id", "Pendulum-v1", "--total-timesteps", 2000, "--learning-starts", 500, "--batch-size", 64]
+RUNS = {
+    "dqn.py": ["--total-timesteps", 6000, "--learning-starts", 500, "--checkpoint-every", 1000],
+    "sac_continuous_action.py": [*CONTINUOUS, "--checkpoint-every", 500],
+    "td3_continuous_action.py": [*CONTINUOUS, "--checkpoint-every", 500],
+}
+RUNS = {script: [*flags, "--eval-episodes", 0, "--save-model"] for script, flags in RUNS.items()}
+SNAPSHOTS = RUNS["dqn.py"]
 
 
 def resume(folder, workdir, flags=SNAPSHOTS, script="dqn.py"):
@@ -26,8 +32,15 @@ def resume(folder, workdir, flags=SNAPSHOTS, script="dqn.py"):
     return proc, json.load(open(path)) if proc.returncode == 0 else None
 
 
-def weights(folder):
-    return torch.load(os.path.join(folder, "model.pt"), map_location="cpu")["q_network"]
+def assert_same_model(folder, expected_folder):
+    """model.pt's every network and optimizer state equal, bit for bit."""
+    got, expected = (torch.load(os.path.join(f, "model.pt"), map_location="cpu") for f in (folder, expected_folder))
+    assert got.keys() == expected.keys()
+    for name in (name for name in expected if name != "args"):
+        flat, flat_expected = (torch.utils._pytree.tree_flatten(state)[0] for state in (got[name], expected[name]))
+        assert len(flat) == len(flat_expected) and all(
+            torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(flat, flat_expected)
+        ), name
 
 
 def scalars(folder, tag):
@@ -37,13 +50,11 @@ def scalars(folder, tag):
     return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
-def killed_after_a_snapshot(workdir, snapshots=2):
-    """A snapshotting run killed with SIGKILL once its folder holds `snapshots` of them (state.prev.pt for two):
-    its folder."""
-    proc = start_script("dqn.py", SNAPSHOTS, workdir)
-    name = "state.prev.pt" if snapshots == 2 else "state.pt"
-    deadline = time.monotonic() + 120
-    while not glob.glob(os.path.join(workdir, "runs", "*", name)) and time.monotonic() < deadline:
+def killed_after_a_snapshot(workdir, script="dqn.py"):
+    """A snapshotting run of `script` killed with SIGKILL once its folder holds two snapshots: its folder."""
+    proc = start_script(script, RUNS[script], workdir)
+    deadline = time.monotonic() + 300
+    while not glob.glob(os.path.join(workdir, "runs", "*", "state.prev.pt")) and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
@@ -54,25 +65,36 @@ def killed_after_a_snapshot(workdir, snapshots=2):
 
 @pytest.fixture(scope="module")
 def never_stopped(tmp_path_factory):
-    summary, _ = run_script("dqn.py", SNAPSHOTS, tmp_path_factory.mktemp("never_stopped"))
-    return summary
+    """Each script's run of RUNS to its end, made when a test first asks for it."""
+    runs = {}
+
+    def run(script):
+        if script not in runs:
+            runs[script] = run_script(script, RUNS[script], tmp_path_factory.mktemp("never_stopped"))[0]
+        return runs[script]
+
+    return run
 
 
-def test_a_run_killed_hard_resumes_to_the_run_never_stopped(never_stopped, workdir):
-    folder = killed_after_a_snapshot(workdir)
-    step = torch.load(os.path.join(folder, "state.pt"), weights_only=False)["step"]
-    assert 2000 <= step < 6000
-    proc, summary = resume(folder, workdir)
+@pytest.mark.parametrize("script", RUNS)
+def test_a_run_killed_hard_resumes_to_the_run_never_stopped(script, never_stopped, workdir):
+    folder = killed_after_a_snapshot(workdir, script)
+    every = RUNS[script][RUNS[script].index("--checkpoint-every") + 1]
+    (last,) = [
+        os.path.join(folder, name) for name in ("state.pt", "state.prev.pt") if os.path.isfile(f"{folder}/{name}")
+    ][:1]
+    assert torch.load(last, weights_only=False)["step"] >= every  # killed mid-write: the one before, and a line
+    proc, summary = resume(folder, workdir, RUNS[script], script)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    expected = weights(never_stopped["run_dir"])
-    assert all(torch.equal(value, expected[name]) for name, value in weights(folder).items())
-    for key in ("steps_done", "return_mean", "num_updates", "final_metrics", "replay_ratio_achieved"):
-        assert summary[key] == never_stopped[key], key
-    for tag in (
-        "losses/td_loss",
-        "charts/episodic_return",
-    ):  # one curve: the killed run's scalars past the snapshot gone
-        assert scalars(folder, tag) == scalars(never_stopped["run_dir"], tag), tag
+    assert ("resuming from state.prev.pt" in proc.stderr) == last.endswith("prev.pt"), proc.stderr
+    expected = never_stopped(script)
+    assert_same_model(folder, expected["run_dir"])
+    for key in ("steps_done", "return_mean", "num_updates", "final_metrics"):
+        assert summary[key] == expected[key], key
+    # one curve: the killed run's scalars past its snapshot are gone
+    tags = EventAccumulator(expected["run_dir"]).Reload().Tags()["scalars"]
+    for tag in ["charts/episodic_return", *(tag for tag in tags if tag.startswith("losses/"))]:
+        assert scalars(folder, tag) == scalars(expected["run_dir"], tag), tag
 
 
 def test_a_damaged_snapshot_resumes_from_the_one_before_and_says_so(never_stopped, workdir):
@@ -83,9 +105,8 @@ def test_a_damaged_snapshot_resumes_from_the_one_before_and_says_so(never_stoppe
     proc, summary = resume(folder, workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning: --resume: state.pt is damaged (" in proc.stderr and "resuming from state.prev.pt" in proc.stderr
-    expected = weights(never_stopped["run_dir"])
-    assert all(torch.equal(value, expected[name]) for name, value in weights(folder).items())
-    assert summary["return_mean"] == never_stopped["return_mean"]
+    assert_same_model(folder, never_stopped("dqn.py")["run_dir"])
+    assert summary["return_mean"] == never_stopped("dqn.py")["return_mean"]
 
 
 def assert_refused(proc, message):
