@@ -354,9 +354,16 @@ if __name__ == "__main__":
         normalizer.update_running_mean = True
     next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
+    first_iteration = 0
+    # with --resume: every state and random generator as its last checkpoint left them, and the loop's counters
+    if resumed := run.resumable(envs=envs):
+        first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
+        next_obs, next_done = resumed["next_obs"], resumed["next_done"]
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            loop = dict(iteration=iteration, global_step=global_step, num_updates=num_updates)
+            run.checkpoint_if_due(global_step, **loop, next_obs=next_obs, next_done=next_done)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate

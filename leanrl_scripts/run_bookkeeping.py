@@ -315,8 +315,10 @@ def _snapshot_of(value):  # what a snapshot keeps of one of the run's states
         return value.bit_generator.state
     if isinstance(value, torch.Tensor) or hasattr(value, "state_dict"):
         return _state_of(value)
-    if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, which reset at the next step, and
-        return pickle.dumps((value.envs, value._autoreset_envs, value.action_space))  # the random actions' generator
+    if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, those to reset at the next step
+        import cloudpickle  # gymnasium's own: wrappers hold lambdas, which pickle refuses
+
+        return cloudpickle.dumps((value.envs, value._autoreset_envs, value.action_space))  # random actions' generator
     return {key: item.clone() if torch.is_tensor(item) else copy.deepcopy(item) for key, item in vars(value).items()}
 
 
@@ -331,7 +333,11 @@ def _restore(value, saved):  # in place: the pieces bound to a state (compiled, 
     elif hasattr(value, "state_dict"):
         value.load_state_dict(saved)
     elif hasattr(value, "envs"):
-        value.envs, value._autoreset_envs, value.action_space = pickle.loads(saved)
+        envs, value._autoreset_envs, value.action_space = pickle.loads(saved)
+        for env, saved_env in zip(value.envs, envs):  # each wrapper in place: a script may hold one (a normaliser)
+            while saved_env is not None:
+                vars(env).update({key: item for key, item in vars(saved_env).items() if key != "env"})
+                env, saved_env = getattr(env, "env", None), getattr(saved_env, "env", None)
     else:  # a buffer: its tensors refilled, its counters and arrays set
         for key, item in saved.items():
             if torch.is_tensor(item):
@@ -394,6 +400,7 @@ class Snapshot:
             generators["cuda"] = torch.cuda.get_rng_state_all()
         states = {name: _snapshot_of(state) for name, state in states.items()}
         everything = dict(args=asdict(args), states=states, loop=loop, clock=clock.elapsed(), step=step)
+        everything["last_written"] = sinks.last_written
         buffer = io.BytesIO()
         torch.save({**everything, "recent_returns": list(sinks.recent_returns), "generators": generators}, buffer)
         path = os.path.join(folder, "state.pt")
@@ -579,11 +586,12 @@ class Sinks(SilentSinks):
                 reason = (str(error).strip() or type(error).__name__).splitlines()[0]
                 fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
         step = resumed["step"] if resumed else 0
+        self.last_written = resumed["last_written"] if resumed else 0  # the step of the last event written
         try:
             if not resumed:
                 os.makedirs(folder)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
-            # a resumed run's scalars go on from its snapshot's step: those logged after it are dropped, one curve
-            self.writer = SummaryWriter(folder, purge_step=step if resumed else None)
+            # a resumed run's scalars go on from its snapshot: the events written after it are dropped, one curve
+            self.writer = SummaryWriter(folder, purge_step=self.last_written + 1 if resumed else None)
         except OSError as error:  # `runs` is a file, no permission, a read-only disk
             fail(f"cannot make the run folder {folder}: {error.strerror or error}")
         table = "".join(f"\n|{name}|{value}|" for name, value in asdict(args).items())
@@ -596,6 +604,7 @@ class Sinks(SilentSinks):
 
     def record_episode(self, step, episode_return, length=None):
         super().record_episode(step, episode_return)
+        self.last_written = step
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         if length is not None:
             self.writer.add_scalar("charts/episodic_length", length, step)
@@ -603,6 +612,7 @@ class Sinks(SilentSinks):
     def log(self, step, losses, charts=None):
         """`losses` under losses/ once checked, `charts` (host numbers) under charts/, the SPS and the progress."""
         values = super().log(step, losses)
+        self.last_written = step
         for kind, scalars in (("losses", values), ("charts", charts or {})):
             for name, value in scalars.items():
                 self.writer.add_scalar(f"{kind}/{name}", value, step)

@@ -20,6 +20,8 @@ RUNS = {
     "dqn.py": ["--total-timesteps", 6000, "--learning-starts", 500, "--checkpoint-every", 1000],
     "sac_continuous_action.py": [*CONTINUOUS, "--checkpoint-every", 500],
     "td3_continuous_action.py": [*CONTINUOUS, "--checkpoint-every", 500],
+    "ppo_continuous_action.py": ["--env-id", "Pendulum-v1", "--total-timesteps", 4096, "--num-steps", 256]
+    + ["--checkpoint-every", 1024],
 }
 RUNS = {script: [*flags, "--eval-episodes", 0, "--save-model"] for script, flags in RUNS.items()}
 SNAPSHOTS = RUNS["dqn.py"]
