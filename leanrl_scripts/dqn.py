@@ -245,9 +245,9 @@ if __name__ == "__main__":
     run.start()
     with run.stoppable():
         for iteration in range(first_iteration, args.total_timesteps // args.num_envs):
-            stop_if_signalled()
             global_step = iteration * args.num_envs
             run.checkpoint_if_due(global_step, iteration=iteration, num_updates=num_updates, obs=obs)
+            stop_if_signalled()
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
             next_obs, rewards, terminations, truncations, infos = run.timed_env_call(envs.step, actions)
             real_next_obs = next_obs.copy()  # truncated episodes bootstrap from their true final observation

@@ -8,8 +8,8 @@ algorithm (networks, losses, env wrappers, replay). A script uses it in this ord
     run.start()  # the Sinks (the run folder, TensorBoard, W&B, the progress line), the SignalWatcher
     with run.stoppable():  # a signal at a safe point, a non-finite loss or an exception ends the block
         for ...:
-            stop_if_signalled()  # the safe point a first Ctrl-C or SIGTERM stops at
             run.checkpoint_if_due(step, iteration=iteration)  # --checkpoint-every: the Snapshot, the loop's counters
+            stop_if_signalled()  # the safe point a first Ctrl-C or SIGTERM stops at
             next_obs, ... = run.timed_env_call(envs.step, actions)
             run.start_speed_measure(step)  # the first call starts the Clock's figure: warm-up left out
             run.record_gymnasium_episodes(step, infos)  # or run.record_episode(step, score, length)
@@ -874,9 +874,10 @@ class Run:
         return self.snapshot.restore(self.run_states, self.clock)
 
     def checkpoint_if_due(self, step, **loop):
-        """At a point of the loop where its state is whole, every --checkpoint-every steps: the snapshot of every
-        state resumable named, with the loop's counters `loop` (what resumable returns to the resumed run)."""
-        if self.snapshot.due(step):
+        """At a point of the loop where its state is whole, every --checkpoint-every steps and once a Ctrl-C or SIGTERM
+        came (before stop_if_signalled ends the run: a preempted run loses nothing): the snapshot of every state
+        resumable named, with the loop's counters `loop` (what resumable returns to the resumed run)."""
+        if self.snapshot.due(step) or (self.snapshot.every and SIGNALS_RECEIVED):
             self.sinks.flush()  # the scalars so far on disk: a resumed run's go on from `step`
             self.snapshot.save(self.dir, step, self.args, self.run_states, loop, self.clock, self.sinks)
 

@@ -317,9 +317,9 @@ if __name__ == "__main__":
     run.start()
     with run.stoppable():
         for iteration in range(first_iteration, num_iterations):
-            stop_if_signalled()
             global_step = iteration * args.num_envs
             run.checkpoint_if_due(global_step, iteration=iteration, num_updates=num_updates, obs=obs, metrics=metrics)
+            stop_if_signalled()
             if global_step >= args.learning_starts and num_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
             if global_step < args.learning_starts and not loaded:

@@ -162,3 +162,28 @@ def test_resume_refuses_a_folder_without_a_snapshot_a_read_only_one_and_two_dama
 def test_a_script_that_keeps_no_run_state_refuses_the_flags(workdir):
     _, proc = run_script("pqn.py", ["--total-timesteps", 512, "--checkpoint-every", 128], workdir, check=False)
     assert_refused(proc, "--checkpoint-every and --resume: this script does not keep its run's whole state")
+
+
+def test_a_sigterm_writes_a_snapshot_at_the_step_it_stops_and_the_resumed_run_is_the_run_never_stopped(workdir):
+    """A preemption notice: the run stops at its next safe point with a snapshot of that step, between two periodic
+    ones, so the resumed run loses no step."""
+    flags = ["--total-timesteps", 20_000, "--learning-starts", 500, "--eval-episodes", 0, "--save-model"]
+    flags += ["--checkpoint-every", 1_000_000]
+    for side in ("never_stopped", "stopped"):
+        os.makedirs(os.path.join(workdir, side))
+    expected, _ = run_script("dqn.py", flags, os.path.join(workdir, "never_stopped"))
+    proc = start_script("dqn.py", flags, os.path.join(workdir, "stopped"))
+    deadline = time.monotonic() + 120
+    while not glob.glob(os.path.join(workdir, "stopped", "runs", "*", "events.*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate()
+    (folder,) = glob.glob(os.path.join(workdir, "stopped", "runs", "*"))
+    assert proc.returncode == 128 + signal.SIGTERM
+    stopped_at = torch.load(os.path.join(folder, "state.pt"), weights_only=False)["step"]
+    assert 0 < stopped_at < 20_000 and json.load(open(os.path.join(folder, "summary.json")))["steps_done"] >= stopped_at
+    proc, summary = resume(folder, workdir, flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_model(folder, expected["run_dir"])
+    assert summary["return_mean"] == expected["return_mean"] and summary["steps_done"] == 20_000
