@@ -398,11 +398,18 @@ class Snapshot:
         generators = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
         if torch.cuda.is_available():
             generators["cuda"] = torch.cuda.get_rng_state_all()
-        states = {name: _snapshot_of(state) for name, state in states.items()}
-        everything = dict(args=asdict(args), states=states, loop=loop, clock=clock.elapsed(), step=step)
-        everything["last_written"] = sinks.last_written
+        everything = dict(
+            args=asdict(args),
+            states={name: _snapshot_of(state) for name, state in states.items()},
+            loop=loop,
+            clock=clock.elapsed(),
+            step=step,
+            last_written=sinks.last_written,
+            recent_returns=list(sinks.recent_returns),
+            generators=generators,
+        )
         buffer = io.BytesIO()
-        torch.save({**everything, "recent_returns": list(sinks.recent_returns), "generators": generators}, buffer)
+        torch.save(everything, buffer)
         path = os.path.join(folder, "state.pt")
         if os.path.exists(path):
             os.replace(path, os.path.join(folder, "state.prev.pt"))
