@@ -457,16 +457,33 @@ if __name__ == "__main__":
     rb = ReplayBuffer(args.buffer_size, obs_dim, act_dim, args.num_envs, args.num_steps, args.gamma, device)
     noise_scales = torch.zeros(args.num_envs, 1, device=device)
     ended = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # each env draws its first noise scale
-    critic_updates = actor_updates = 0
+    critic_updates = actor_updates = first_iteration = 0
     metrics = {}
     global_step = 0
     num_iterations = args.total_timesteps // args.num_envs
     obs, _ = envs.reset(seed=args.seed)
+    # with --resume: every state and random generator as its last checkpoint left them, and the loop's counters
+    if resumed := run.resumable(rb=rb, envs=envs):
+        first_iteration, obs = resumed["iteration"], resumed["obs"]
+        critic_updates, actor_updates = resumed["critic_updates"], resumed["actor_updates"]
+        # the loop's tensors, loaded on the CPU
+        noise_scales, ended = resumed["noise_scales"].to(device), resumed["ended"].to(device)
+        metrics = {name: value.to(device) for name, value in resumed["metrics"].items()}
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
-            stop_if_signalled()
+        for iteration in range(first_iteration, num_iterations):
             global_step = iteration * args.num_envs
+            run.checkpoint_if_due(
+                global_step,
+                iteration=iteration,
+                critic_updates=critic_updates,
+                actor_updates=actor_updates,
+                obs=obs,
+                metrics=metrics,
+                noise_scales=noise_scales,
+                ended=ended,
+            )
+            stop_if_signalled()
             if global_step > args.learning_starts and critic_updates >= args.measure_burnin:
                 run.start_speed_measure(global_step)
             actions, noise_scales = policy_step(
