@@ -19,21 +19,16 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_resume import assert_same_model, scalars
 
-from script_runs import STANDIN, run_script, start_script
+from script_runs import ROOT, STANDIN, run_script, start_script
 
-ON_STANDIN = {"PYTHONPATH": os.pathsep.join([STANDIN, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))])}
-CUE = ["--env-id", "Cue-v5", "--num-envs", 4, "--num-minibatches", 2, "--update-epochs", 1]
+ON_STANDIN = {"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])}
+CUE = ["--env-id", "Cue-v5", "--num-envs", 4, "--num-minibatches", 2, "--update-epochs", 1, "--num-steps", 32]
+CUE += ["--total-timesteps", 1024, "--checkpoint-every", 256]
 # Each run: a few snapshots, a second one before half the run; with its env (None: gymnasium's)
 RUNS = {
     "pqn.py": (["--total-timesteps", 8192, "--checkpoint-every", 1024], None),
-    "ppo_atari_envpool.py": (
-        [*CUE, "--num-steps", 32, "--total-timesteps", 1024, "--checkpoint-every", 256],
-        ON_STANDIN,
-    ),
-    "pqn_atari_envpool.py": (
-        [*CUE, "--num-steps", 32, "--total-timesteps", 1024, "--checkpoint-every", 256],
-        ON_STANDIN,
-    ),
+    "ppo_atari_envpool.py": (CUE, ON_STANDIN),
+    "pqn_atari_envpool.py": (CUE, ON_STANDIN),
     "ppo_atari_lstm.py": ([*CUE, "--num-steps", 16, "--total-timesteps", 512, "--checkpoint-every", 128], ON_STANDIN),
 }
 RUNS = {script: ([*flags, "--eval-episodes", 0, "--save-model"], env) for script, (flags, env) in RUNS.items()}
@@ -119,9 +114,8 @@ def test_an_envpool_run_killed_hard_resumes_on_new_games_on_one_curve(script, ne
     counters = ("steps_done", "num_updates", "steady_steps", "real_steps")
     assert [summary.get(key) for key in counters] == [expected.get(key) for key in counters]
     assert summary["total_seconds"] > snapshot["clock"]["total"]  # the clock goes on from the snapshot's
-    assert len(summary["eval_returns"]) == 0 and summary["return_mean"] is not None
     # one curve: each step once, up to the snapshot the run never stopped's; the learning rate's schedule kept
-    for tag in ["charts/learning_rate", *loss_tags(expected["run_dir"])]:
+    for tag in loss_tags(expected["run_dir"]):
         got, theirs = scalars(folder, tag), scalars(expected["run_dir"], tag)
         assert [s for s, _ in got] == [s for s, _ in theirs] and up_to(step, got) == up_to(step, theirs), tag
     assert scalars(folder, "charts/learning_rate") == scalars(expected["run_dir"], "charts/learning_rate")
