@@ -257,7 +257,7 @@ if __name__ == "__main__":
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    # compiled before binding arguments: compiled partials would share one graph cache
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
@@ -268,7 +268,7 @@ if __name__ == "__main__":
 
     T = args.num_steps
     frame_shape = envs.observation_space.shape
-    # frames stored channels-last, as the policy and the update read them
+    # frames stored channels-last, as the network reads them
     obs = torch.empty(
         (T * args.num_envs, *frame_shape), dtype=torch.uint8, device=device, memory_format=torch.channels_last
     )
@@ -280,7 +280,6 @@ if __name__ == "__main__":
     staging_np = staging.numpy()
 
     def to_device(next_obs_np):
-        """The envs' observations on the device."""
         np.copyto(staging_np, next_obs_np)  # numpy's copy: torch's would wake its thread pool
         return staging.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
 
@@ -289,11 +288,17 @@ if __name__ == "__main__":
     metrics = {}
     num_updates = 0
     global_step = 0
+    first_iteration = 0
+    if resumed := run.resumable():
+        first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
+        # envpool cannot save its games mid-episode: new ones, seeded apart
+        envs = make_envs(args.env_id, args.num_envs, seed=args.seed + global_step)
     next_obs = to_device(run.timed_env_call(envs.reset)[0])
     next_done = torch.zeros(args.num_envs, device=device)
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            run.checkpoint_if_due(global_step, iteration=iteration, global_step=global_step, num_updates=num_updates)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate

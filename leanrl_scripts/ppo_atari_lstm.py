@@ -294,7 +294,7 @@ def evaluate(agent, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
     run = Run(args)
@@ -351,6 +351,12 @@ if __name__ == "__main__":
     padded_steps = 0
     real_steps = 0
     global_step = 0
+    first_iteration = 0
+    if resumed := run.resumable(rng=rng):
+        first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
+        padded_steps, real_steps = resumed["padded_steps"], resumed["real_steps"]
+        # envpool cannot save its games mid-episode: new ones, seeded apart
+        envs = make_envs(args.env_id, args.num_envs, seed=args.seed + global_step)
     next_obs_np, _ = envs.reset()
     next_obs = to_device(next_obs_np, device)
     next_done_np = np.zeros(E, dtype=np.float32)
@@ -361,7 +367,9 @@ if __name__ == "__main__":
     h, c = (torch.zeros(1, E, agent.lstm.hidden_size, device=device) for _ in range(2))
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            loop = dict(iteration=iteration, global_step=global_step, num_updates=num_updates, real_steps=real_steps)
+            run.checkpoint_if_due(global_step, **loop, padded_steps=padded_steps)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
@@ -389,7 +397,7 @@ if __name__ == "__main__":
                 next_obs = torch.from_numpy(next_obs_np).to(device, non_blocking=True)
                 rewards[step] = step_data[0]
                 next_done = step_data[1]
-                # info["reward"] is unclipped, info["terminated"] ends the game, not a life
+                # the true score: unclipped rewards, games not lives
                 episode_returns += infos["reward"]
                 episode_lengths += 1
                 for env_id in np.nonzero(infos["terminated"].astype(bool) | truncations)[0]:

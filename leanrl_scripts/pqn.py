@@ -231,9 +231,16 @@ if __name__ == "__main__":
     staging_np[:, :obs_dim] = envs.reset(seed=args.seed)[0]
     step_data = staging.to(device, non_blocking=True)
     next_obs, next_done = step_data[:, :obs_dim], step_data[:, -1]
+    first_iteration = 0
+    # with --resume: every state and random generator as its last checkpoint left them, and the loop's counters
+    if resumed := run.resumable(envs=envs):
+        first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
+        next_obs, next_done = resumed["next_obs"].to(device), resumed["next_done"].to(device)
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            loop = dict(iteration=iteration, global_step=global_step, num_updates=num_updates)
+            run.checkpoint_if_due(global_step, **loop, next_obs=next_obs, next_done=next_done)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate

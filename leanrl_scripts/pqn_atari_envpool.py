@@ -66,7 +66,7 @@ class Args(RunArgs):
 
 def make_envs(env_id, num_envs, seed=0, training=True, render=False):
     """envpool's Atari envs (training ones: a lost life ends the episode, rewards clipped); one worker per env up to
-    the usable cores, not the host's."""
+    the usable cores."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id '{env_id}': ids come from envpool.list_all_envs(), Atari games look like Breakout-v5")
     if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
@@ -210,7 +210,7 @@ def evaluate(q_network, args, device, video_folder=None):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # accept CleanRL's ids
+    args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")
     if envpool is None:
         fail('envpool is not installed: pip install ".[envpool]"')
     run = Run(args)
@@ -261,7 +261,7 @@ if __name__ == "__main__":
     actions = torch.zeros((T, args.num_envs), dtype=torch.long, device=device)
     rewards, dones, values = (torch.zeros((T, args.num_envs), device=device) for _ in range(3))
     epsilon = torch.tensor(args.start_e, device=device)  # the graphed policy reads it in place
-    # reusing the pinned buffer is safe: the host waits for the actions that follow each copy
+    # one pinned buffer, reused: the host waits for the actions before the next copy
     staging = torch.empty((args.num_envs, *frame_shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
     staging_np = staging.numpy()
 
@@ -274,11 +274,17 @@ if __name__ == "__main__":
     metrics = {}
     num_updates = 0
     global_step = 0
+    first_iteration = 0
+    if resumed := run.resumable():
+        first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
+        # envpool cannot save its games mid-episode: new ones, seeded apart
+        envs = make_envs(args.env_id, args.num_envs, seed=args.seed + global_step)
     next_obs = to_device(run.timed_env_call(envs.reset)[0])
     next_done = torch.zeros(args.num_envs, device=device)
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            run.checkpoint_if_due(global_step, iteration=iteration, global_step=global_step, num_updates=num_updates)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate

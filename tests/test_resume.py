@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from script_runs import run_script, start_script
+from script_runs import ROOT, SCRIPTS, run_script, start_script
 
 # Each script with its run state kept: a run of a few snapshots, an update at every step from early on
 CONTINUOUS = ["--env-id", "Pendulum-v1", "--total-timesteps", 2000, "--learning-starts", 500, "--batch-size", 64]
@@ -160,7 +160,11 @@ def test_resume_refuses_a_folder_without_a_snapshot_a_read_only_one_and_two_dama
 
 
 def test_a_script_that_keeps_no_run_state_refuses_the_flags(workdir):
-    _, proc = run_script("pqn.py", ["--total-timesteps", 512, "--checkpoint-every", 128], workdir, check=False)
+    script = os.path.join(workdir, "keeps_no_run_state.py")  # a script that never calls run.resumable
+    with open(script, "w") as f:
+        f.write("import tyro\nfrom run_bookkeeping import Run, RunArgs\n\nRun(tyro.cli(RunArgs)).start()\n")
+    env = {"PYTHONPATH": os.pathsep.join([SCRIPTS, ROOT])}
+    _, proc = run_script(script, ["--total-timesteps", 512, "--checkpoint-every", 128], workdir, check=False, env=env)
     assert_refused(proc, "--checkpoint-every and --resume: this script does not keep its run's whole state")
 
 
