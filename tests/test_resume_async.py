@@ -44,12 +44,14 @@ def killed_after_the_second_snapshot(script, flags, workdir, env=None):
     if env is None:
         command = [sys.executable, os.path.join(SCRIPTS, script), *map(str, flags)]
         env = {**os.environ, "PYTHONPATH": ROOT}
-        proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(workdir, "stderr.txt"), "w") as stderr:
+            proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     else:
         proc = start_script(script, flags, workdir, env=env)
     deadline = time.monotonic() + 120
     while len(glob.glob(os.path.join(workdir, "runs", "*", "state*.pt"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before its second snapshot"
     started = run_bookkeeping._descendants(proc.pid)
     for pid in started:
         with open(f"/proc/{pid}/cmdline") as f:
