@@ -314,8 +314,6 @@ class RateLimiter:
 
     inserts = property(lambda self: self.counts.inserts)
     samples = property(lambda self: self.counts.samples)
-    min_diff = property(lambda self: self.min_scaled / self.q)
-    max_diff = property(lambda self: self.max_scaled / self.q)
 
     def await_insert(self, n, other_alive=lambda: True):
         return self._wait(
@@ -324,23 +322,24 @@ class RateLimiter:
             other_alive,
         )
 
-    def await_sample(self, n, other_alive=lambda: True):
+    def await_sample(self, n, other_alive=lambda: True, safe_point=stop_if_signalled):
         return self._wait(
             lambda: (
                 self.inserts >= self.min_size and self.inserts * self.p - (self.samples + n) * self.q >= self.min_scaled
             ),
             self.insert_posted,
             other_alive,
+            safe_point,
         )
 
-    def _wait(self, ready, posted, other_alive):
+    def _wait(self, ready, posted, other_alive, safe_point=stop_if_signalled):
         """True once `ready()`, False if closed first."""
         while not ready():
             if self.counts.closed:
                 return False
             if not posted.acquire(timeout=1.0) and not other_alive():
                 raise ChildProcessError("the other side of the replay storage stopped")
-            stop_if_signalled()
+            safe_point()
         return True
 
     def add_inserts(self, n):
@@ -411,6 +410,8 @@ class DeviceCopy:
 
 def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, device):
     """The actor process: epsilon-greedy steps as the limiter allows."""
+    if sys.platform == "linux":  # PR_SET_PDEATHSIG: dies with its learner
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     parent_alive = mp.parent_process().is_alive
     try:
         torch.set_num_threads(1)
@@ -426,7 +427,7 @@ def run_actor(args, rb, limiter, q_network, version, weights_lock, reports, devi
         scores = np.zeros(args.num_envs)
         lengths = np.zeros(args.num_envs, int)
         env_seconds = 0.0
-        for step in range(args.total_timesteps // args.num_envs):
+        for step in range(limiter.inserts // args.num_envs, args.total_timesteps // args.num_envs):
             if not limiter.await_insert(args.num_envs, parent_alive):
                 break
             with hold_lock(weights_lock, parent_alive):
@@ -608,19 +609,33 @@ if __name__ == "__main__":
     num_updates = 0
     metrics = {}
     wait_seconds = 0.0
+    # --resume: the learner restored; the actor restarts at its step, in new episodes
+    if resumed := run.resumable(target_network=target_network, rb=rb):
+        num_updates, wait_seconds = resumed["num_updates"], resumed["wait_seconds"]
+        limiter.add_inserts(resumed["inserts"])
+        limiter.add_samples(num_updates * args.batch_size)
+        rb.valid[(limiter.inserts // args.num_envs - 1) % len(rb.frames)] = False  # a new episode follows
+
+    # between updates and in waits: a snapshot past the games drained (the actor writes past it), then a stop
+    def safe_point():
+        actor.drain(run)
+        run.checkpoint_if_due(
+            limiter.inserts, inserts=limiter.inserts, num_updates=num_updates, wait_seconds=wait_seconds
+        )
+        stop_if_signalled()
+
     run.start()
     actor = ActorProcess(ctx, args, rb, limiter, q_network, device)
     sampled = rb.mirror(device) if device.type == "cuda" else rb
     with run.stoppable():
         try:
             while num_updates < total_updates:
-                stop_if_signalled()
+                safe_point()
                 wait_start = time.perf_counter()
-                if not limiter.await_sample(args.batch_size, actor.alive):
+                if not limiter.await_sample(args.batch_size, actor.alive, safe_point):
                     raise ChildProcessError("the actor stopped")
                 wait_seconds += time.perf_counter() - wait_start
                 if num_updates == args.measure_burnin:
-                    actor.drain(run)
                     run.start_speed_measure(limiter.inserts)
                     wait_seconds = 0.0
                 steps = limiter.inserts // args.num_envs
@@ -635,7 +650,6 @@ if __name__ == "__main__":
                 if num_updates % args.actor_sync_every == 0:
                     actor.load_weights(online_params)
                 if num_updates % LOG_EVERY == 0:
-                    actor.drain(run)
                     step = limiter.inserts
                     replay_ratio_now = num_updates * args.batch_size / max(1, step - args.learning_starts)
                     run.log(step, metrics, charts=dict(epsilon=epsilon_at(step, args), replay_ratio=replay_ratio_now))

@@ -290,11 +290,16 @@ if __name__ == "__main__":
     metrics = {}
     num_updates = 0
     global_step = 0
+    first_iteration = 0
+    # --resume: the learner restored; new episodes in the envs
+    if resumed := run.resumable():
+        first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
 
     envs.async_reset()
     run.start()
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            run.checkpoint_if_due(global_step, iteration=iteration, global_step=global_step, num_updates=num_updates)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate

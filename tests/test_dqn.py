@@ -99,7 +99,7 @@ def run_limiter(
         while len(items) < inserts and limiter.await_insert(per_insert):
             items.extend(range(len(items), len(items) + per_insert))  # written before it is counted
             limiter.add_inserts(per_insert)
-            if limiter.inserts * spi - limiter.samples > limiter.max_diff:
+            if limiter.inserts * spi - limiter.samples > min_size * spi + error_buffer:
                 violations.append(("too far ahead", limiter.inserts, limiter.samples))
             time.sleep(produce_pause)
 
@@ -108,7 +108,7 @@ def run_limiter(
             if len(items) < limiter.inserts or limiter.inserts < min_size:
                 violations.append(("sampled what is not there", len(items), limiter.inserts))
             limiter.add_samples(per_sample)
-            if limiter.inserts * spi - limiter.samples < limiter.min_diff:
+            if limiter.inserts * spi - limiter.samples < min_size * spi - error_buffer:
                 violations.append(("too far behind", limiter.inserts, limiter.samples))
             time.sleep(consume_pause)
 
