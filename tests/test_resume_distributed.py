@@ -14,12 +14,12 @@ import time
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_impala import running
+from test_impala import CARTPOLE, NO_CLUSTER, REPLAY, running
 from test_ppo_multigpu import TINY, assert_nothing_left_running, launch, summaries
 from test_resume import scalars
 
 import run_bookkeeping
-from script_runs import ROOT
+from script_runs import ROOT, start_script
 
 PROBE = os.path.join(ROOT, "tests", "restore_probe")
 
@@ -119,3 +119,40 @@ def test_the_multi_process_ppo_killed_hard_resumes_from_its_last_snapshot(workdi
     rates = [rate for _, rate in scalars(folder, "charts/learning_rate")]  # annealed over the whole run
     assert rates == pytest.approx([2.5e-4 * (1 - iteration / 20) for iteration in range(20)], rel=1e-6)
     assert_nothing_left_running(workdir)
+
+
+@pytest.mark.slow  # two runs of Ray and its actors: 40-70 s here
+def test_impala_killed_hard_resumes_from_its_last_snapshot_with_its_replay(workdir):
+    """The driver killed: the script's reaper ends the local Ray it started (its actors too); the resumed run starts
+    Ray and its actors again, the learner's networks, optimizer and LASER replay as the snapshot left them."""
+    pytest.importorskip("ray")
+    # each update: 8 fresh unrolls of 20 steps, 8 replayed; 30 updates, a snapshot every 6
+    flags = [*CARTPOLE, *REPLAY, "--total-timesteps", 4800, "--checkpoint-every", 960, "--eval-episodes", 0]
+    proc = start_script("impala_ray.py", flags, workdir, env=NO_CLUSTER)
+    folder, snapshot, processes = kill_after_the_second_snapshot(proc, workdir)
+    assert len(processes) >= 6 and snapshot["step"] >= 960  # the driver, Ray's GCS, raylet, agents, actors, reaper
+    assert not os.path.exists(os.path.join(folder, "summary.json"))
+
+    env = {**NO_CLUSTER, "PYTHONPATH": os.pathsep.join([PROBE, ROOT]), "LEANRL_PROBE_RESTORED": probe_folder(workdir)}
+    proc = start_script("impala_ray.py", [*flags, "--resume", folder], workdir, env=env)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    (record,) = restored(workdir, snapshot, processes=1)  # the learner's (the actors step no optimizer)
+    # the replay at the first update: the snapshot's, but for the 8 fresh unrolls just added at its cursor
+    saved, replay = snapshot["states"]["replay"], record["replay"]
+    fresh = (saved["cursor"] + torch.arange(8)) % 24
+    kept = torch.ones(24, dtype=torch.bool)
+    kept[fresh] = False
+    assert saved["size"] > 0 and replay["cursor"] == (saved["cursor"] + 8) % 24
+    assert replay["size"] == min(saved["size"] + 8, 24)
+    for stored, expected in zip(replay["storage"], saved["storage"]):
+        assert torch.equal(stored[:, kept], expected[:, kept])
+    assert (replay["host_dones"][:, kept.numpy()] == saved["host_dones"][:, kept.numpy()]).all()
+
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    assert summary["steps_done"] == 4800 and summary["num_updates"] == 30
+    assert summary["steady_steps"] == 4800 - 3 * 160 and summary["total_seconds"] > snapshot["clock"]["total"]
+    # the resumed actors act with the restored weights, under the update count they were published at
+    lags = dict(scalars(folder, "charts/policy_lag"))
+    assert lags[snapshot["step"] + 160] == 0 and len(snapshot["loop"]["lags"]) == snapshot["step"] // 80
+    assert_one_curve(folder, list(range(160, 4801, 160)))
