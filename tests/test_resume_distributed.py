@@ -88,7 +88,7 @@ def kill_every_group(pid, signum):
         os.killpg(group, signum)
 
 
-@pytest.mark.slow  # one torchrun launch of two processes: 10-20 s here
+@pytest.mark.slow  # one torchrun launch of two processes: 16-21 s here
 def test_the_multi_process_ppo_stops_with_its_launcher_killed_hard(workdir):
     """SIGKILL to torchrun alone: its processes, each in a process group of its own, would train on unseen; Linux sends
     them a SIGTERM as it dies (PR_SET_PDEATHSIG), and they stop within seconds, the first with the summary of the
@@ -98,7 +98,7 @@ def test_the_multi_process_ppo_stops_with_its_launcher_killed_hard(workdir):
     assert stopped["stopped"] and stopped["steps_done"] < 1280 and snapshot["step"] >= 128
 
 
-@pytest.mark.slow  # two torchrun launches of two processes: 30-60 s here
+@pytest.mark.slow  # two torchrun launches of two processes: 38-58 s here
 def test_the_multi_process_ppo_killed_hard_resumes_from_its_last_snapshot(workdir):
     """Both processes restore the snapshot (the second reads it too); the learning rate is annealed over the whole
     run from the restored iteration."""
@@ -121,7 +121,7 @@ def test_the_multi_process_ppo_killed_hard_resumes_from_its_last_snapshot(workdi
     assert_nothing_left_running(workdir)
 
 
-@pytest.mark.slow  # two runs of Ray and its actors: 40-70 s here
+@pytest.mark.slow  # two runs of Ray and its actors: 76-91 s here
 def test_impala_killed_hard_resumes_from_its_last_snapshot_with_its_replay(workdir):
     """The driver killed: the script's reaper ends the local Ray it started (its actors too); the resumed run starts
     Ray and its actors again, the learner's networks, optimizer and LASER replay as the snapshot left them."""
