@@ -505,11 +505,19 @@ class UnrollReplay:
         self.cursor = (self.cursor + len(slots)) % self.capacity
         self.size = min(self.size + len(slots), self.capacity)
 
-    def sample(self, n, generator):
-        """n stored unrolls and their dones on the host; `generator` is a CPU one (no device sync picks them)."""
-        index = torch.randint(self.size, (n,), generator=generator)
+    def sample(self, n):
+        """n stored unrolls and their dones on the host, by torch's CPU generator (no device sync)."""
+        index = torch.randint(self.size, (n,))
         device_index = to_device(index, self.storage.dones.device)
         return Unrolls(*(stored[:, device_index] for stored in self.storage)), self.host_dones[:, index.numpy()]
+
+    def state_dict(self):
+        return dict(storage=list(self.storage), host_dones=self.host_dones, size=self.size, cursor=self.cursor)
+
+    def load_state_dict(self, saved):  # in place, on the learner's device
+        for stored, kept in zip(self.storage, saved["storage"]):
+            stored.copy_(kept)
+        self.host_dones[:], self.size, self.cursor = saved["host_dones"], saved["size"], saved["cursor"]
 
 
 def connect(address, num_actors):
@@ -599,12 +607,12 @@ class ActorPool:
     A dead actor (a crash, a lost node) is restarted by Ray; its calls in flight fail and count as lost unrolls,
     its death once as a restart. An actor that cannot start, or whose code raises, ends the run: one error line."""
 
-    def __init__(self, args, agent):
+    def __init__(self, args, agent, version):
         # SPREAD: on a cluster, one actor per node in turn rather than filling the first node's CPUs
         remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD")
         self.actors = [remote(UnrollActor).remote(args, index) for index in range(args.num_actors)]
         self.envs_per_actor = args.envs_per_actor
-        self.publish(agent, 0)
+        self.publish(agent, version)
         self.pending = {}
         self.calls = 0  # call in flight -> (actor index, call number)
         # Per actor, None while it is up, else the number of the last call made before a failure was seen: a call
@@ -723,7 +731,6 @@ if __name__ == "__main__":
     # MLPs of flat observations: one (waking threads costs them more than the math)
     threads = usable_cores() - (0 if args.ray_address else args.num_actors) if kind == "atari" else 1
     run.tune_cpu(threads=threads, keep_freed_memory=True)
-    replay_generator = torch.Generator().manual_seed(args.seed)
 
     probe = make_envs(args.env_id, 1)
     obs_shape, num_actions = spaces(probe)
@@ -748,10 +755,6 @@ if __name__ == "__main__":
     # Without a core, the layout is empty and there is one. Its first calls compile and initialise Adam's state.
     update_steps = defaultdict(lambda: CudaGraphModule(update_step, warmup=5) if run.cudagraphs else update_step)
     no_layout = tuple(torch.zeros(0, dtype=torch.long, device=device) for _ in range(3))
-
-    connect(args.ray_address or None, args.num_actors)
-    run.start()  # after ray.init, which sets its own SIGTERM handler; before the actors start
-    actor_pool = ActorPool(args, agent)
 
     # Fresh unrolls are gathered column by column in host memory (pinned on CUDA), then sent to the device at once.
     steps = args.unroll_length
@@ -779,8 +782,18 @@ if __name__ == "__main__":
     actor_busy = 0.0
     lags = []
     core_steps = padded_core_steps = 0
+    # with --resume: the learner's states and the loop's counters as the last snapshot left them; new actors
+    if resumed := run.resumable(**({"replay": replay} if replay else {})):
+        num_updates, global_step, lags = resumed["num_updates"], resumed["global_step"], resumed["lags"]
+        actor_steps, learner_wait, actor_busy = resumed["actor_steps"], resumed["learner_wait"], resumed["actor_busy"]
+
+    connect(args.ray_address or None, args.num_actors)
+    run.start()  # after ray.init, which sets its own SIGTERM handler; before the actors start
+    actor_pool = ActorPool(args, agent, num_updates)
     with run.stoppable():
         while global_step < args.total_timesteps:
+            loop = dict(num_updates=num_updates, global_step=global_step, lags=lags, actor_steps=actor_steps)
+            run.checkpoint_if_due(global_step, **loop, learner_wait=learner_wait, actor_busy=actor_busy)
             if num_updates == args.measure_burnin:
                 run.start_speed_measure(global_step)
                 learner_wait = actor_busy = actor_steps = 0
@@ -806,7 +819,7 @@ if __name__ == "__main__":
             host_dones = staging_np.dones
             if replay is not None:  # fresh unrolls go in first, so the first batches replay them rather than zeros
                 replay.add(batch, host_dones)
-                replayed, replayed_dones = replay.sample(num_replayed, replay_generator)
+                replayed, replayed_dones = replay.sample(num_replayed)
                 batch = Unrolls(*(torch.cat([fresh, old], 1) for fresh, old in zip(batch, replayed)))
                 host_dones = np.concatenate([host_dones, replayed_dones], 1)
             layout = no_layout

@@ -5,8 +5,10 @@ buffer keeps the copies equal.
     torchrun --standalone --nproc-per-node 2 leanrl_scripts/ppo_atari_multigpu.py --env-id Breakout-v5 --compile
 """
 
+import ctypes
 import io
 import os
+import signal
 import sys
 from contextlib import redirect_stderr
 from dataclasses import dataclass, field
@@ -175,7 +177,7 @@ class Batch(NamedTuple):
 
 def gradients_in_one_buffer(agent):
     """Makes every .grad a view (with the parameter's strides) into one flat buffer, returned: one all-reduce
-    averages it, no copy."""
+    averages it."""
     params = list(agent.parameters())
     flat_grads = torch.zeros(sum(param.numel() for param in params), device=params[0].device)
     offset = 0
@@ -186,8 +188,8 @@ def gradients_in_one_buffer(agent):
 
 
 def ppo_loss(minibatch, advantage_mean, advantage_std, *, agent, args):
-    """The clipped-surrogate loss of this process's share of a minibatch, advantages normalised as over the whole
-    minibatch, and its metrics."""
+    """The clipped-surrogate loss of this process's share of a minibatch (advantages normalised over the whole one),
+    and its metrics."""
     _, new_logprob, entropy, new_value = agent.get_action_and_value(minibatch.obs, minibatch.actions)
     advantages = minibatch.advantages
     returns = minibatch.returns
@@ -257,8 +259,8 @@ def minibatch_statistics(advantages, order, num_minibatches, group):
 
 
 def update_epoch(batch, order, *, loss_step, apply_step, flat_grads, args, group):
-    """One pass over the rollout in `order`; returns the minibatches' metrics. The all-reduce runs eagerly between
-    captured halves: gloo's cannot be captured."""
+    """One pass over the rollout in `order`: the minibatches' metrics. The all-reduce runs eagerly between captured
+    halves (gloo's cannot be captured)."""
     means, stds = minibatch_statistics(batch.advantages, order, args.num_minibatches, group)
     minibatch_metrics = []
     for index, rows in enumerate(order.view(args.num_minibatches, -1)):
@@ -315,6 +317,9 @@ if __name__ == "__main__":
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if "LOCAL_RANK" in os.environ and hasattr(libc := ctypes.CDLL(None), "prctl"):
+        # PR_SET_PDEATHSIG: torchrun's processes (own groups) stop with it, killed at once
+        libc.prctl(1, signal.SIGTERM)
     with redirect_stderr(sys.stderr if rank == 0 else io.StringIO()):
         args = tyro.cli(Args)
         args.env_id = args.env_id.replace("NoFrameskip-v4", "-v5")  # CleanRL's Atari ids: the same game and settings
@@ -344,7 +349,7 @@ if __name__ == "__main__":
         threads = max(1, usable_cores() // local_world_size)  # a machine's processes share out its cores
         run.tune_cpu(threads=threads, keep_freed_memory=True)
 
-        # seeded as one process with all envs would be (envpool: env i gets seed + i)
+        # seeded as one process of all envs (envpool: env i gets seed + i)
         envs = make_envs(args.env_id, args.local_num_envs, seed=args.seed + rank * args.local_num_envs, threads=threads)
         num_actions = int(envs.action_space.n)
         agent = Agent(num_actions).to(device)
@@ -353,6 +358,7 @@ if __name__ == "__main__":
             agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=run.cudagraphs
         )
         run.save_and_load({"agent": agent, "optimizer": optimizer}, num_actions=num_actions)
+        resumed = run.resumable() or dict(iteration=0, num_updates=0)
 
     group = stop_group = None  # gradients and statistics; the per-step stop signal
     if args.world_size > 1:
@@ -363,13 +369,14 @@ if __name__ == "__main__":
             dist.broadcast(tensor, src=0)  # the first process's weights to all
     else:
         print("one process: torchrun starts several (torchrun --nproc-per-node N ppo_atari_multigpu.py ...)")
-    torch.manual_seed(args.seed + 1_000_003 * rank)  # each process samples its own actions and minibatches
+    # each process (and resume) samples its own actions and minibatches
+    torch.manual_seed(args.seed + 1_000_003 * rank + resumed["iteration"])
     flat_grads = gradients_in_one_buffer(agent)
     agent_view = Agent(num_actions).to("meta")  # the learner's weights, shared and without grad
     from_module(agent).data.to_module(agent_view)
     agent_view.requires_grad_(False)
 
-    # each function compiled before its arguments are bound: a compiled partial is one wrapper, one cache, to dynamo
+    # compiled before their arguments are bound: one wrapper, one cache, to dynamo
     maybe_compile = partial(torch.compile, disable=not args.compile)
     policy_step = partial(maybe_compile(policy), agent=agent_view)
     gae_step = partial(maybe_compile(gae), gamma=args.gamma, gae_lambda=args.gae_lambda)
@@ -389,15 +396,17 @@ if __name__ == "__main__":
     episode_returns = np.zeros(E)
     episode_lengths = np.zeros(E, dtype=np.int64)
     metrics = {}
-    num_updates = 0
-    global_step = 0
+    first_iteration, num_updates = resumed["iteration"], resumed["num_updates"]
+    global_step = first_iteration * batch_size
     num_iterations = args.total_timesteps // batch_size
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(E, device=device)
     any_signal = partial(signal_of_any_process, group=stop_group)
     run.start(write=rank == 0)  # only the first process writes
     with run.stoppable():
-        for iteration in range(num_iterations):
+        for iteration in range(first_iteration, num_iterations):
+            if rank == 0:
+                run.checkpoint_if_due(global_step, iteration=iteration, num_updates=num_updates)
             if iteration == args.measure_burnin:
                 run.start_speed_measure(global_step)
             lr_now = (1.0 - iteration / num_iterations) * args.learning_rate if args.anneal_lr else args.learning_rate
@@ -424,7 +433,7 @@ if __name__ == "__main__":
                     episode_returns[env_id] = 0.0
                     episode_lengths[env_id] = 0
 
-            # as CleanRL's: next_obs bootstraps GAE now, and the next rollout acts on it with the updated weights
+            # as CleanRL's: next_obs bootstraps GAE, and the next rollout acts on it with the updated weights
             next_value = policy_step(next_obs)[2]
             advantages, returns = gae_step(rewards, values, dones, next_value, next_done)
             batch = Batch(*(t.flatten(0, 1) for t in (obs, actions, logprobs, advantages, returns, values)))

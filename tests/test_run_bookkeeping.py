@@ -41,12 +41,16 @@ MAX_TOKENS = {
     "ppo_atari_envpool.py": 2794,  # 72 above its 2,722: the resumed counters, its envs made anew at the resume
     "ppo_atari_envpool_async.py": 2955,  # 52 above its 2,903: its run state named for --resume, the resumed counters
     "ppo_atari_lstm.py": 3949,  # 103 above its 3,846: the same, its minibatches' generator and step counts
-    "ppo_atari_multigpu.py": 3685,
+    # 91 above its 3,685: the resumed counters, the snapshot by the first process alone, its processes ending with
+    # torchrun killed at once (PR_SET_PDEATHSIG)
+    "ppo_atari_multigpu.py": 3776,
     "dqn_atari.py": 3051,
     # 109 above its 5,101: --resume's state, the limiter's counts, the actor's first step and the replay's cut, the
     # learner's snapshot also in its waits, the actor killed with its learner (22 fewer: the band's unread properties)
     "dqn_atari_async.py": 5210,
-    "impala_ray.py": 6680,
+    # 177 above its 6,680: LASER's replay saved and restored in place on the device, six counters of the summary
+    # resumed, the actors' weights published under the resumed update count
+    "impala_ray.py": 6857,
     "pqn.py": 2187,  # 93 above its 2,094: its run state named for --resume, the resumed counters and observation
     "pqn_atari_envpool.py": 2554,  # 72 above its 2,482: as ppo_atari_envpool.py
     "rainbow_atari.py": 4618,
@@ -72,7 +76,7 @@ MAX_PROSE_WORDS = {
     "ppo_atari_multigpu.py": 706,
     "dqn_atari.py": 500,
     "dqn_atari_async.py": 541,  # 41 above its 500 (2.2x dqn_atari.py's): why a snapshot beside the actor holds
-    "impala_ray.py": 2566,
+    "impala_ray.py": 2586,  # 20 above its 2,566: the resumed state's comment, the replay restored in place
     "pqn.py": 381,  # 17 above its 364: what --resume restores, in a line
     "pqn_atari_envpool.py": 450,  # 2 above its 448: why a resumed run makes its envs anew
     "rainbow_atari.py": 729,
