@@ -246,7 +246,7 @@ def _write_atomic(path, write):
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
     except (OSError, RuntimeError) as error:  # torch.save's RuntimeError (unexpected pos ...) hides the file's OSError
-        error = error.__context__ or error
+        error = error if isinstance(error, OSError) else error.__context__ or error
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
         print(f"error: could not write {path}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)

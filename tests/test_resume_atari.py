@@ -150,3 +150,17 @@ def test_rainbow_storage_ends_its_n_step_returns_at_the_cut_of_a_resumed_envpool
             )
             assert np.array_equal(obs[k].numpy(), stream[lane]["obs"][step])
             assert np.array_equal(next_obs[k].numpy(), bootstrap), step
+
+
+def test_a_snapshot_that_cannot_be_written_is_one_error_line_and_leaves_no_partial_file(workdir):
+    """A full disk (a file size limit under the snapshot's size): one line, exit code 1, neither state.pt nor its
+    temporary file."""
+    flags, env = [*TINY, "--env-id", "Cue-v5"], {"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])}
+    proc = start_script("dqn_atari.py", flags, workdir, env=env, file_size_limit=500_000)
+    _, stderr = proc.communicate(timeout=300)
+    (folder,) = glob.glob(os.path.join(workdir, "runs", "*"))
+    state = os.path.join(os.path.relpath(folder, workdir), "state.pt")
+    assert proc.returncode == 1 and [line for line in stderr.splitlines() if line.strip()][-1:] == [
+        f"error: could not write {state}: File too large"
+    ], stderr[-3000:]
+    assert "Traceback" not in stderr and not [name for name in os.listdir(folder) if name.startswith("state")]
