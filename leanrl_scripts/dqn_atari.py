@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-# Before torch loads: idle OpenMP threads sleep (a wake-up per kernel), not spin on the envs' cores.
+# Before torch loads: idle OpenMP threads sleep, not spin on the envs' cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
@@ -67,7 +67,7 @@ class Args(RunArgs):
     """updates the speed figure leaves out (compilation, graph capture)"""
 
 
-LOG_EVERY = 100  # updates between metric reads (a host sync each)
+LOG_EVERY = 100  # a host sync each
 
 
 class EpisodicLife(gym.Wrapper):
@@ -97,7 +97,7 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """Presses FIRE after a reset, for games that need it."""
+    """Presses FIRE after a reset (games that need it)."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
@@ -199,6 +199,10 @@ class FrameReplay:
         columns = (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first)
         for column, value in zip(columns, (obs[:, -1], actions, rewards, terminations, *flags)):
             column[row] = torch.as_tensor(value).to(column.device, column.dtype, non_blocking=True)
+
+    def new_games(self, step):
+        self.valid[(step - 1) % len(self.frames)] = False  # lost its next frame
+        self.next_valid[:], self.next_first[:], self.restarting[:] = True, True, False
 
     def sample(self, steps, batch_size):
         """Uniform valid transitions: draw twice the batch, keep the first valid (exact unless over half are resets)."""
@@ -337,15 +341,26 @@ if __name__ == "__main__":
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     scores = np.zeros(args.num_envs)
     lengths = np.zeros(args.num_envs, int)
-    num_updates = 0
+    num_updates, first_iteration = 0, 0
     metrics = {}
     global_step = 0
     obs, _ = envs.reset()
+    kept = dict(envs=envs) if args.env_backend == "gymnasium" else {}  # envpool's games cannot be saved
+    if resumed := run.resumable(target_network=target_network, rb=rb, rng=rng, **kept):
+        first_iteration, num_updates, obs, scores, lengths = resumed.values()
+        if not kept:
+            envs = make_envs(args.env_id, args.num_envs, args.seed + first_iteration, args.env_backend)
+            obs, _ = envs.reset()
+            scores[:] = lengths[:] = 0
+            rb.new_games(first_iteration)
     run.start()
     with run.stoppable():
-        for iteration in range(args.total_timesteps // args.num_envs):
-            stop_if_signalled()
+        for iteration in range(first_iteration, args.total_timesteps // args.num_envs):
             global_step = iteration * args.num_envs
+            run.checkpoint_if_due(
+                global_step, iteration=iteration, num_updates=num_updates, obs=obs, scores=scores, lengths=lengths
+            )
+            stop_if_signalled()
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
             next_obs, rewards, terminations, truncations, infos = run.timed_env_call(
                 envs.step, actions.astype(np.int32)

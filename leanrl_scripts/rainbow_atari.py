@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-# Idle OpenMP threads sleep, leaving the envs their cores; set before torch loads OpenMP.
+# Before torch loads OpenMP: idle threads sleep, leaving envs their cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
@@ -126,7 +126,7 @@ class FireReset(gym.Wrapper):
 
 
 def make_gym_env(env_id, render=False):
-    """The classic DQN stack on ALE with envpool's v5 settings."""
+    """The DQN stack on ALE at envpool's v5 settings."""
     env = gym.make(
         f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array" if render else None
     )
@@ -138,7 +138,7 @@ def make_gym_env(env_id, render=False):
 
 
 def make_envs(env_id, num_envs, seed=0, backend="envpool", render=False):
-    """Training envs of either back-end; the step after an episode's end is a reset, not a transition (with envpool,
+    """Training envs of either back-end; the step after an episode's end is a reset, not a transition (envpool's
     after a lost life too)."""
     if backend == "envpool":
         try:
@@ -269,7 +269,7 @@ class FrameReplay:
         self.discounts = gamma ** torch.arange(n_step, device=device)
         self.next_valid = np.ones(num_envs, dtype=bool)
         self.next_first = np.ones(num_envs, dtype=bool)
-        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late: after the reset step
+        self.restarting = np.zeros(num_envs, dtype=bool)  # a restart shows one row late
 
     def add(self, step, obs, actions, rewards, terminations, reset, restart):
         """`reset`: envs whose next step resets; `restart`: those whose frame stack restarts after it."""
@@ -285,6 +285,10 @@ class FrameReplay:
         new = self.valid[ready] * self.max_priority**self.alpha
         leaves = torch.cat([ready * len(self.lanes) + self.lanes, overwritten * len(self.lanes) + self.lanes])
         self.tree.set(leaves, torch.cat([new, torch.zeros_like(new)]))
+
+    def new_games(self, step):
+        self.valid[(step - 1) % len(self.frames)] = False  # lost its next frame
+        self.next_valid[:], self.next_first[:], self.restarting[:] = True, True, False
 
     def sample(self, batch_size, beta):
         """A stratified batch by priority, with importance weights over the largest."""
@@ -490,15 +494,26 @@ if __name__ == "__main__":
     target_every = max(1, args.target_network_frequency // args.train_frequency)  # in updates
     scores = np.zeros(args.num_envs)
     lengths = np.zeros(args.num_envs, int)
-    num_updates = 0
+    num_updates, first_iteration = 0, 0
     metrics = {}
     global_step = 0
     obs, _ = envs.reset()
+    kept = dict(envs=envs) if args.env_backend == "gymnasium" else {}  # envpool's games cannot be saved
+    if resumed := run.resumable(target_network=target_network, rb=rb, rng=rng, **kept):
+        first_iteration, num_updates, obs, scores, lengths = resumed.values()
+        if not kept:
+            envs = make_envs(args.env_id, args.num_envs, args.seed + first_iteration, args.env_backend)
+            obs, _ = envs.reset()
+            scores[:] = lengths[:] = 0
+            rb.new_games(first_iteration)
     run.start()
     with run.stoppable():
-        for iteration in range(args.total_timesteps // args.num_envs):
-            stop_if_signalled()
+        for iteration in range(first_iteration, args.total_timesteps // args.num_envs):
             global_step = iteration * args.num_envs
+            run.checkpoint_if_due(
+                global_step, iteration=iteration, num_updates=num_updates, obs=obs, scores=scores, lengths=lengths
+            )
+            stop_if_signalled()
             actions = epsilon_greedy(policy_step, obs, epsilon_at(global_step, args), rng, num_actions, device)
             next_obs, rewards, terminations, truncations, infos = run.timed_env_call(
                 envs.step, actions.astype(np.int32)

@@ -28,9 +28,7 @@ may be half updated) or in the evaluation (the training's summary and model kept
 (130) or SIGTERM (143), the summary of the steps done written in every case. A run killed at once (SIGKILL, the OOM
 killer, a lost machine) keeps its last snapshot, with --checkpoint-every; --resume goes on from it."""
 
-import copy
 import ctypes
-import io
 import json
 import math
 import os
@@ -238,15 +236,20 @@ def check_flags(args):
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display needed
 
 
-def _write_atomic(path, data):  # a failed write (a full disk) leaves neither a partial file nor the temporary one
+def _write_atomic(path, write):
+    """`write(file)` streams into a temporary file beside `path`, on disk (fsync) before it takes `path`'s name: a
+    failed write (a full disk) leaves neither a partial file nor the temporary one, and is one line, exit code 1."""
     try:
         with open(path + ".tmp", "wb") as f:
-            f.write(data)
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:  # torch.save's RuntimeError (unexpected pos ...) hides the file's OSError
+        error = error if isinstance(error, OSError) else error.__context__ or error
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
-        print(f"error: could not write {path}: {error.strerror or error}", file=sys.stderr)
+        print(f"error: could not write {path}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -300,9 +303,9 @@ class Checkpoint:
     def save(self, path, args):
         """The states as they stand, with the env id, the flags and the sizes, written atomically."""
         states = {name: _state_of(state) for name, state in self.states.items()}
-        buffer = io.BytesIO()  # torch.save's own file errors are opaque (RuntimeError: unexpected pos ...)
-        torch.save({"env_id": args.env_id, "args": asdict(args), **self.sizes, **states}, buffer)
-        _write_atomic(path, buffer.getvalue())
+        _write_atomic(
+            path, lambda f: torch.save({"env_id": args.env_id, "args": asdict(args), **self.sizes, **states}, f)
+        )
 
 
 # Flags a resumed run may change: they change how it runs or ends, not what it learns
@@ -310,16 +313,24 @@ _RESUME_MAY_CHANGE = {"resume", "checkpoint_every", "total_timesteps", "torch_th
 _RESUME_MAY_CHANGE |= {"eval_episodes", "capture_video", "save_model", "track", "wandb_project_name", "wandb_entity"}
 
 
-def _snapshot_of(value):  # what a snapshot keeps of one of the run's states
+def _snapshot_of(value):  # what a snapshot keeps of one of the run's states: no copy, it is written at once
     if isinstance(value, np.random.Generator):
         return value.bit_generator.state
-    if isinstance(value, torch.Tensor) or hasattr(value, "state_dict"):
-        return _state_of(value)
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if hasattr(value, "state_dict"):
+        return value.state_dict()
     if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, those to reset at the next step
         import cloudpickle  # gymnasium's own: wrappers hold lambdas, which pickle refuses
 
-        return cloudpickle.dumps((value.envs, value._autoreset_envs, value.action_space))  # random actions' generator
-    return {key: item.clone() if torch.is_tensor(item) else copy.deepcopy(item) for key, item in vars(value).items()}
+        # ALE's games pickle as new ones (gymnasium's EzPickle): their emulators and generators are kept beside
+        games = [env.unwrapped for env in value.envs]
+        emulators = [
+            (game.clone_state(include_rng=True), game.np_random) for game in games if hasattr(game, "clone_state")
+        ]
+        return cloudpickle.dumps((value.envs, value._autoreset_envs, value.action_space, emulators))
+    # a buffer: its tensors and parts (a sum tree) as they stand, its counters and arrays
+    return {key: _snapshot_of(item) if hasattr(item, "__dict__") else item for key, item in vars(value).items()}
 
 
 def _restore(value, saved):  # in place: the pieces bound to a state (compiled, graphed) see the restored one
@@ -333,14 +344,17 @@ def _restore(value, saved):  # in place: the pieces bound to a state (compiled, 
     elif hasattr(value, "state_dict"):
         value.load_state_dict(saved)
     elif hasattr(value, "envs"):
-        envs, value._autoreset_envs, value.action_space = pickle.loads(saved)
+        envs, value._autoreset_envs, value.action_space, emulators = pickle.loads(saved)
         for env, saved_env in zip(value.envs, envs):  # each wrapper in place: a script may hold one (a normaliser)
             while saved_env is not None:
                 vars(env).update({key: item for key, item in vars(saved_env).items() if key != "env"})
                 env, saved_env = getattr(env, "env", None), getattr(saved_env, "env", None)
-    else:  # a buffer: its tensors refilled, its counters and arrays set
+        for env, (emulator, generator) in zip(value.envs, emulators):
+            env.unwrapped.restore_state(emulator)
+            env.unwrapped.np_random = generator
+    else:  # a buffer: its tensors and parts refilled, its counters and arrays set
         for key, item in saved.items():
-            if torch.is_tensor(item):
+            if hasattr(getattr(value, key), "__dict__"):
                 _restore(getattr(value, key), item)
             else:
                 setattr(value, key, item)
@@ -366,7 +380,8 @@ class Snapshot:
         problems = [] if os.path.isfile(paths[0]) else ["no state.pt (its write was cut short)"]
         for path in filter(os.path.isfile, paths):
             try:  # not weights_only: the envs' state is pickled, and the file is this run's own
-                saved = torch.load(path, map_location="cpu", weights_only=False)
+                # mapped, not read: a replay of GBs is copied into the run's own storage as it is restored
+                saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
                 break
             except Exception as error:  # truncated, empty, not a torch file
                 problems.append(f"{os.path.basename(path)} is damaged ({type(error).__name__})")
@@ -408,12 +423,10 @@ class Snapshot:
             recent_returns=list(sinks.recent_returns),
             generators=generators,
         )
-        buffer = io.BytesIO()
-        torch.save(everything, buffer)
         path = os.path.join(folder, "state.pt")
         if os.path.exists(path):
             os.replace(path, os.path.join(folder, "state.prev.pt"))
-        _write_atomic(path, buffer.getvalue())
+        _write_atomic(path, lambda f: torch.save(everything, f))  # streamed: no copy of the replay in memory
         self.next_step = step + self.every
 
     def restore(self, states, clock):
@@ -421,8 +434,9 @@ class Snapshot:
         (None without --resume)."""
         if self.saved is None:
             return None
+        saved = self.saved.pop("states")  # the mapped file let go once restored
         for name, state in states.items():
-            _restore(state, self.saved["states"][name])
+            _restore(state, saved[name])
         clock.go_on_from(self.saved["clock"])
         generators = self.saved["generators"]
         random.setstate(generators["python"])
@@ -814,7 +828,7 @@ def _check_fits(num_bytes, device, flag):
 
 def _write_summary(folder, record, announce=True):  # summary.json, then its line of figures and the SPEED line
     record = json.loads(json.dumps(record), parse_constant=lambda constant: None)  # NaN -> null
-    _write_atomic(os.path.join(folder, "summary.json"), json.dumps(record, indent=1).encode())
+    _write_atomic(os.path.join(folder, "summary.json"), lambda f: f.write(json.dumps(record, indent=1).encode()))
     if not announce:
         return
     evaluation = f"eval return {record['eval_return_mean']:.1f}" if record["eval_returns"] else "no evaluation"

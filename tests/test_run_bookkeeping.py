@@ -44,7 +44,9 @@ MAX_TOKENS = {
     # 91 above its 3,685: the resumed counters, the snapshot by the first process alone, its processes ending with
     # torchrun killed at once (PR_SET_PDEATHSIG)
     "ppo_atari_multigpu.py": 3776,
-    "dqn_atari.py": 3051,
+    # 192 above its 3,051: its run state named for --resume, the resumed counters (the episodes' too); envpool's games,
+    # which cannot be saved, restarted on resume with a seed of their own and the storage's new_games (about 100)
+    "dqn_atari.py": 3243,
     # 109 above its 5,101: --resume's state, the limiter's counts, the actor's first step and the replay's cut, the
     # learner's snapshot also in its waits, the actor killed with its learner (22 fewer: the band's unread properties)
     "dqn_atari_async.py": 5210,
@@ -53,13 +55,15 @@ MAX_TOKENS = {
     "impala_ray.py": 6857,
     "pqn.py": 2187,  # 93 above its 2,094: its run state named for --resume, the resumed counters and observation
     "pqn_atari_envpool.py": 2554,  # 72 above its 2,482: as ppo_atari_envpool.py
-    "rainbow_atari.py": 4618,
+    "rainbow_atari.py": 4810,  # 192 above its 4,618: the same as dqn_atari.py's
     # 45 above its 3,679 before: two named updates, FastTD3's exact actor schedule, the target update that takes
     # buffers; 129 above its 3,724 since: its run state named for --resume, its counters, noise scales and episode ends
     "fast_td3.py": 3853,
     # a finished run kept from its evaluation, a crash from losing its summary; a flag declared once; 1,404 above its
-    # 5,286 before: the Snapshot (--checkpoint-every, --resume: every state, generator and the clock; its refusals)
-    MODULE: 6690,
+    # 5,286 before: the Snapshot (--checkpoint-every, --resume: every state, generator and the clock; its refusals);
+    # 107 above its 6,690 after: ALE's emulators kept (gymnasium pickles an ALE game as a new one), a buffer's parts (a
+    # sum tree) restored in place, snapshots streamed to disk (fsync; torch.save's write errors one line), mapped back
+    MODULE: 6797,
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
