@@ -28,6 +28,7 @@ may be half updated) or in the evaluation (the training's summary and model kept
 (130) or SIGTERM (143), the summary of the steps done written in every case. A run killed at once (SIGKILL, the OOM
 killer, a lost machine) keeps its last snapshot, with --checkpoint-every; --resume goes on from it."""
 
+import copy
 import ctypes
 import json
 import math
@@ -339,8 +340,8 @@ def _restore(value, saved):  # in place: the pieces bound to a state (compiled, 
     elif isinstance(value, torch.Tensor):
         with torch.no_grad():
             value.copy_(saved)
-    elif hasattr(value, "param_groups"):
-        _load_keeping_settings(value, saved)
+    elif hasattr(value, "param_groups"):  # copied: an optimizer keeps the tensors it loads, here views of state.pt
+        _load_keeping_settings(value, copy.deepcopy(saved))
     elif hasattr(value, "state_dict"):
         value.load_state_dict(saved)
     elif hasattr(value, "envs"):
@@ -434,11 +435,11 @@ class Snapshot:
         (None without --resume)."""
         if self.saved is None:
             return None
-        saved = self.saved.pop("states")  # the mapped file let go once restored
+        saved = self.saved.pop("states")  # the mapped file let go once restored (its disk space too)
         for name, state in states.items():
             _restore(state, saved[name])
         clock.go_on_from(self.saved["clock"])
-        generators = self.saved["generators"]
+        generators = self.saved.pop("generators")
         random.setstate(generators["python"])
         np.random.set_state(generators["numpy"])
         torch.set_rng_state(generators["torch"])

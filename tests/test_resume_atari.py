@@ -60,6 +60,7 @@ def losses_and_returns(folder):
 def test_a_run_on_ale_killed_hard_resumes_to_the_run_never_stopped(script, workdir):
     flags = [*TINY, "--env-backend", "gymnasium"]
     expected, _ = run_script(script, flags, workdir)
+    os.makedirs(os.path.join(workdir, "killed"))
     folder = killed_after_a_snapshot(script, flags, os.path.join(workdir, "killed"))
     got, _ = resumed(folder, flags, script)
     assert_same_model(folder, expected["run_dir"])
