@@ -466,9 +466,7 @@ if __name__ == "__main__":
     if resumed := run.resumable(rb=rb, envs=envs):
         first_iteration, obs = resumed["iteration"], resumed["obs"]
         critic_updates, actor_updates = resumed["critic_updates"], resumed["actor_updates"]
-        # the loop's tensors, loaded on the CPU
-        noise_scales, ended = resumed["noise_scales"].to(device), resumed["ended"].to(device)
-        metrics = {name: value.to(device) for name, value in resumed["metrics"].items()}
+        noise_scales, ended, metrics = resumed["noise_scales"], resumed["ended"], resumed["metrics"]
     run.start()
     with run.stoppable():
         for iteration in range(first_iteration, num_iterations):

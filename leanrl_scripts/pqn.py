@@ -235,7 +235,7 @@ if __name__ == "__main__":
     # with --resume: every state and random generator as its last checkpoint left them, and the loop's counters
     if resumed := run.resumable(envs=envs):
         first_iteration, global_step, num_updates = resumed["iteration"], resumed["global_step"], resumed["num_updates"]
-        next_obs, next_done = resumed["next_obs"].to(device), resumed["next_done"].to(device)
+        next_obs, next_done = resumed["next_obs"], resumed["next_done"]
     run.start()
     with run.stoppable():
         for iteration in range(first_iteration, num_iterations):

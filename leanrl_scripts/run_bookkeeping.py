@@ -51,6 +51,7 @@ from typing import Annotated
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -314,6 +315,14 @@ _RESUME_MAY_CHANGE = {"resume", "checkpoint_every", "total_timesteps", "torch_th
 _RESUME_MAY_CHANGE |= {"eval_episodes", "capture_video", "save_model", "track", "wandb_project_name", "wandb_entity"}
 
 
+def _game_state(game):  # what pickling leaves out of a game gymnasium pickles as a new one (EzPickle: its arguments)
+    if hasattr(game, "clone_state"):  # ALE: its emulator
+        return game.clone_state(include_rng=True), game.np_random
+    if _mujoco() and isinstance(getattr(game, "data", None), _mujoco().MjData):  # MuJoCo: its physics
+        return game.data, game.np_random
+    return None
+
+
 def _snapshot_of(value):  # what a snapshot keeps of one of the run's states: no copy, it is written at once
     if isinstance(value, np.random.Generator):
         return value.bit_generator.state
@@ -324,12 +333,8 @@ def _snapshot_of(value):  # what a snapshot keeps of one of the run's states: no
     if hasattr(value, "envs"):  # a gymnasium vector env: its envs, wrappers and all, those to reset at the next step
         import cloudpickle  # gymnasium's own: wrappers hold lambdas, which pickle refuses
 
-        # ALE's games pickle as new ones (gymnasium's EzPickle): their emulators and generators are kept beside
-        games = [env.unwrapped for env in value.envs]
-        emulators = [
-            (game.clone_state(include_rng=True), game.np_random) for game in games if hasattr(game, "clone_state")
-        ]
-        return cloudpickle.dumps((value.envs, value._autoreset_envs, value.action_space, emulators))
+        games = [_game_state(env.unwrapped) for env in value.envs]
+        return cloudpickle.dumps((value.envs, value._autoreset_envs, value.action_space, games))
     # a buffer: its tensors and parts (a sum tree) as they stand, its counters and arrays
     return {key: _snapshot_of(item) if hasattr(item, "__dict__") else item for key, item in vars(value).items()}
 
@@ -345,14 +350,18 @@ def _restore(value, saved):  # in place: the pieces bound to a state (compiled, 
     elif hasattr(value, "state_dict"):
         value.load_state_dict(saved)
     elif hasattr(value, "envs"):
-        envs, value._autoreset_envs, value.action_space, emulators = pickle.loads(saved)
+        envs, value._autoreset_envs, value.action_space, games = pickle.loads(saved)
         for env, saved_env in zip(value.envs, envs):  # each wrapper in place: a script may hold one (a normaliser)
             while saved_env is not None:
                 vars(env).update({key: item for key, item in vars(saved_env).items() if key != "env"})
                 env, saved_env = getattr(env, "env", None), getattr(saved_env, "env", None)
-        for env, (emulator, generator) in zip(value.envs, emulators):
-            env.unwrapped.restore_state(emulator)
-            env.unwrapped.np_random = generator
+        for game, state in zip((env.unwrapped for env in value.envs), games):
+            if hasattr(game, "restore_state"):
+                game.restore_state(state[0])
+            elif state:
+                _mujoco().mj_copyData(game.data, game.model, state[0])
+            if state:
+                game.np_random = state[1]
     else:  # a buffer: its tensors and parts refilled, its counters and arrays set
         for key, item in saved.items():
             if hasattr(getattr(value, key), "__dict__"):
@@ -430,9 +439,9 @@ class Snapshot:
         _write_atomic(path, lambda f: torch.save(everything, f))  # streamed: no copy of the replay in memory
         self.next_step = step + self.every
 
-    def restore(self, states, clock):
-        """With --resume: the `states` in place, every random generator and the clock as saved; the loop's counters
-        (None without --resume)."""
+    def restore(self, states, clock, device):
+        """With --resume: the `states` in place, every random generator and the clock as saved; the loop's counters,
+        its tensors on `device` (None without --resume)."""
         if self.saved is None:
             return None
         saved = self.saved.pop("states")  # the mapped file let go once restored (its disk space too)
@@ -445,7 +454,8 @@ class Snapshot:
         torch.set_rng_state(generators["torch"])
         if "cuda" in generators and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(generators["cuda"])
-        return self.saved["loop"]
+        # the loop's tensors copied onto the run's device (a tensor kept as mapped holds on to the whole file)
+        return tree_map(lambda item: item.to(device, copy=True) if torch.is_tensor(item) else item, self.saved["loop"])
 
 
 def _graph_counts():  # torch.compile's graphs and graph breaks so far in this process
@@ -539,6 +549,7 @@ class SilentSinks:
     returns of the last 20 training episodes and the non-finite check, which stops it where the first stops."""
 
     writes = False
+    last_written = None  # the step of the last event written
 
     def __init__(self):
         self.recent_returns = deque(maxlen=20)
@@ -608,7 +619,7 @@ class Sinks(SilentSinks):
                 reason = (str(error).strip() or type(error).__name__).splitlines()[0]
                 fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
         step = resumed["step"] if resumed else 0
-        self.last_written = resumed["last_written"] if resumed else 0  # the step of the last event written
+        self.last_written = resumed["last_written"] if resumed else 0
         try:
             if not resumed:
                 os.makedirs(folder)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
@@ -893,13 +904,13 @@ class Run:
         keeps. With --resume, restores them all and every random generator, and returns the loop's counters as
         checkpoint_if_due saved them; else None."""
         self.run_states = {**self.checkpoint.states, **states}
-        return self.snapshot.restore(self.run_states, self.clock)
+        return self.snapshot.restore(self.run_states, self.clock, self.device)
 
     def checkpoint_if_due(self, step, **loop):
         """At a point of the loop where its state is whole, every --checkpoint-every steps and once a Ctrl-C or SIGTERM
         came (before stop_if_signalled ends the run: a preempted run loses nothing): the snapshot of every state
         resumable named, with the loop's counters `loop` (what resumable returns to the resumed run)."""
-        if self.snapshot.due(step) or (self.snapshot.every and SIGNALS_RECEIVED):
+        if self.sinks.writes and (self.snapshot.due(step) or (self.snapshot.every and SIGNALS_RECEIVED)):
             self.sinks.flush()  # the scalars so far on disk: a resumed run's go on from `step`
             self.snapshot.save(self.dir, step, self.args, self.run_states, loop, self.clock, self.sinks)
 
@@ -963,8 +974,11 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.clock.stop(step)
-        with self.stoppable():
-            self.log(step, losses)
+        with self.stoppable():  # written unless the loop's last event is at `step`: one point a step, resumed or not
+            if step == self.sinks.last_written:
+                SilentSinks.log(self.sinks, step, losses)
+            else:
+                self.log(step, losses)
         self.sinks.end_progress()
 
     def exit_code(self):

@@ -59,6 +59,9 @@ class LoadedOnDevice(torch.Tensor):
     def __deepcopy__(self, memo):  # Optimizer.load_state_dict deep-copies the saved settings (a tensor lr)
         return self.as_subclass(torch.Tensor).clone().as_subclass(LoadedOnDevice)
 
+    def __reduce_ex__(self, protocol):  # saved again (a resumed run's model.pt, its next snapshot) as a plain tensor
+        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
 
 real_load, real_to, real_pin = torch.load, torch.Tensor.to, torch.Tensor.pin_memory
 

@@ -53,18 +53,20 @@ MAX_TOKENS = {
     # 177 above its 6,680: LASER's replay saved and restored in place on the device, six counters of the summary
     # resumed, the actors' weights published under the resumed update count
     "impala_ray.py": 6857,
-    "pqn.py": 2187,  # 93 above its 2,094: its run state named for --resume, the resumed counters and observation
+    "pqn.py": 2177,  # 83 above its 2,094: its run state named for --resume, the resumed counters and observation
     "pqn_atari_envpool.py": 2554,  # 72 above its 2,482: as ppo_atari_envpool.py
     "rainbow_atari.py": 4810,  # 192 above its 4,618: the same as dqn_atari.py's
     # 45 above its 3,679 before: two named updates, FastTD3's exact actor schedule, the target update that takes
-    # buffers; 129 above its 3,724 since: its run state named for --resume, its counters, noise scales and episode ends
-    "fast_td3.py": 3853,
+    # buffers; 101 above its 3,724 since: its run state named for --resume, its counters, noise scales and episode ends
+    "fast_td3.py": 3825,
     # a finished run kept from its evaluation, a crash from losing its summary; a flag declared once; 1,404 above its
     # 5,286 before: the Snapshot (--checkpoint-every, --resume: every state, generator and the clock; its refusals);
     # 116 above its 6,690 after: ALE's emulators kept (gymnasium pickles an ALE game as a new one), a buffer's parts (a
     # sum tree) restored in place, snapshots streamed to disk (fsync; torch.save's write errors one line), mapped back
-    # and let go once restored
-    MODULE: 6806,
+    # and let go once restored; then MuJoCo's physics kept (gymnasium pickles a MuJoCo env as a new one), the loop's
+    # tensors restored onto the run's device, no snapshot by a process that writes nothing, the last losses written
+    # once a step
+    MODULE: 6953,
 }
 # Words of prose (comments and docstrings, tests/code_tokens.py), each script at most what it holds now. CleanRL's
 # script of the same name (fe8d8a0) holds: SAC 266, TD3 245, PPO continuous 305, DQN 251 (dqn_atari.py's too),
@@ -85,7 +87,7 @@ MAX_PROSE_WORDS = {
     "pqn.py": 381,  # 17 above its 364: what --resume restores, in a line
     "pqn_atari_envpool.py": 450,  # 2 above its 448: why a resumed run makes its envs anew
     "rainbow_atari.py": 729,
-    "fast_td3.py": 829,
+    "fast_td3.py": 822,
 }
 # What a script may take from the module; the rest of it is private (a leading underscore).
 PUBLIC = {
@@ -109,7 +111,8 @@ PARTS = {"check_flags", "Checkpoint", "Snapshot", "Clock", "SilentSinks", "Sinks
 # the run object itself, its parts left out: lines of code (no docstring, comment or blank); 4 of them hand the
 # threads and the memory check to _tune_cpu and _check_fits; 7 write the training's files before the evaluation and
 # turn an exception in the training or the evaluation into a failed run that keeps them
-RUN_MAX_CODE_LINES = 137  # 11 above its 126 before: resumable and checkpoint_if_due, the Snapshot made and refused
+RUN_MAX_CODE_LINES = 140  # 14 above its 126 before: resumable and checkpoint_if_due, the Snapshot made and refused, the
+# last losses not written twice at one step
 
 
 def source(name):

@@ -2,7 +2,7 @@
 size of state.pt, the process's resident memory before it and at its peak during it (VmHWM, reset before the save);
 then, in a second process, what --resume costs: the seconds to load and restore it, and the peak memory.
 
-    python benchmarks/snapshot_cost.py dqn_atari.py /tmp/snapshot-cost --buffer-size 1000000
+    python benchmarks/studies/snapshot_cost/snapshot_cost.py dqn_atari.py /tmp/snapshot-cost --buffer-size 1000000
 
 The script's own states (its networks, Adam, the target, the frame storage with every row written, Rainbow's sum
 tree, the generators, one gymnasium ALE env) through the bookkeeping module's Run, as the script names them; the
@@ -19,7 +19,8 @@ import time
 
 import torch
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "leanrl_scripts")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SCRIPTS = os.path.join(ROOT, "leanrl_scripts")
 sys.path.insert(0, SCRIPTS)
 
 
