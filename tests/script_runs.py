@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "leanrl_scripts")
 sys.path.insert(0, SCRIPTS)  # the run bookkeeping module, which the scripts import from beside them
@@ -500,6 +502,30 @@ def imitated_run(script, args, workdir, views=None, check=True):
         assert proc.returncode == 0, proc.stderr[-3000:]
     with open(log) as f:
         return json.load(f), proc
+
+
+# The scripts whose loop keeps tensors or acting views across a resume, resumed under the imitation: test_cuda_paths,
+# and test_cuda on a GPU
+RESUMED_RUNS = ["dqn.py", "sac_continuous_action.py", "fast_td3.py", "ppo_continuous_action.py", "pqn.py"]
+RESUMED_RUNS += ["ppo_atari_lstm.py"]
+
+
+def resumed_imitated_run(run, workdir, resumed_flags=()):
+    """IMITATED_RUNS's `run` with snapshots, then resumed under the imitation (with `resumed_flags`) to twice its
+    steps: its views followed the learner, it wrote its model and a later snapshot."""
+    flags, views = IMITATED_RUNS[run]
+    total = flags[flags.index("--total-timesteps") + 1]
+    first, _ = run_script(run, [*flags, "--checkpoint-every", total // 4, "--eval-episodes", 0], workdir)
+    state = os.path.join(first["run_dir"], "state.pt")
+    resumed_at = torch.load(state, weights_only=False)["step"]
+    flags = [*flags, "--checkpoint-every", total // 4, "--resume", first["run_dir"], "--save-model", *resumed_flags]
+    flags[flags.index("--total-timesteps") + 1] = 2 * total
+    log, _ = imitated_run(run, [*flags, "--eval-episodes", 1], workdir, views)
+    for view in views:
+        assert log["views"][view]["equal"] and log["views"][view]["learner_changed"], log["views"][view]
+    summary = json.load(open(os.path.join(first["run_dir"], "summary.json")))
+    assert summary["steps_done"] >= 2 * total - 256 and os.path.isfile(os.path.join(first["run_dir"], "model.pt"))
+    assert torch.load(state, weights_only=False)["step"] > resumed_at
 
 
 # Runs under tests/host_sync_probe.py: test_host_syncs, and test_cuda on a GPU. Per script: its flags and the pieces

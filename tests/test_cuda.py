@@ -1,8 +1,9 @@
-"""The `cuda` tier's runs: what only a GPU shows, skipped without CUDA (docs/contributing.md: the tier, its command
-on a lent GPU, and when to run it; the pieces' equivalence tests in the algorithms' test files are in it too). Every
+"""The `cuda` tier's runs: what only a GPU shows, skipped without CUDA (docs/contributing.md: the tier, its command on a
+lent GPU, and when to run it; the pieces' equivalence tests in the algorithms' test files are in it too). Every
 script in its four modes at tiny budgets, its pieces captured and replayed; the acting views equal to their learners
-after updates, with cuDNN's own LSTM; a run continued with --cudagraphs from an eager run's checkpoint; a checkpoint
-saved on the GPU loaded on a CPU and back; no host sync inside the pieces that CUDA graphs capture."""
+after updates, with cuDNN's own LSTM, and after a resume with graphs captured; a run continued with --cudagraphs from
+an eager run's checkpoint; a checkpoint saved on the GPU loaded on a CPU and back; no host sync inside the pieces
+that CUDA graphs capture."""
 
 import json
 import math
@@ -17,9 +18,11 @@ from script_runs import (
     NO_BLOCKING_COPIES,
     PROBE,
     PROBED_RUNS,
+    RESUMED_RUNS,
     SCRIPTS,
     imitated_run,
     load_script,
+    resumed_imitated_run,
     run_script,
 )
 
@@ -65,6 +68,13 @@ def test_acting_views_follow_the_learner_on_the_gpu(run, workdir):
         assert seen["equal"] and seen["learner_changed"] and seen["compared"] > 0, seen
     if run in NO_BLOCKING_COPIES:
         assert log["copies"] == []
+
+
+@pytest.mark.parametrize("run", RESUMED_RUNS)
+def test_a_run_resumed_on_the_gpu_goes_on_with_graphs_and_its_views_follow_the_learner(run, workdir):
+    """An eager run's snapshot resumed on the GPU with --compile --cudagraphs: its loop's tensors on the device, the
+    graphs captured over the states restored in place (cuDNN's LSTM weights flattened anew), its views following."""
+    resumed_imitated_run(run, workdir, ["--compile", "--cudagraphs"])
 
 
 @pytest.mark.parametrize("script", ["dqn.py", "sac_continuous_action.py", "ppo_continuous_action.py", "pqn.py"])

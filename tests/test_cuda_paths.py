@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from script_runs import IMITATED_RUNS, NO_BLOCKING_COPIES, imitated_run, run_script
+from script_runs import IMITATED_RUNS, NO_BLOCKING_COPIES, RESUMED_RUNS, imitated_run, resumed_imitated_run, run_script
 
 
 @pytest.mark.parametrize("run", IMITATED_RUNS)
@@ -84,31 +84,9 @@ def test_a_continued_run_trains_at_its_own_learning_rate(script, args, workdir):
     assert last == pytest.approx([3e-4, 3e-2] if script == "dqn.py" else [3e-4 / 4, 3e-2 / 4])
 
 
-def replaced(flags, flag, value):
-    """`flags` with `flag`'s value replaced."""
-    flags = list(flags)
-    flags[flags.index(flag) + 1] = value
-    return flags
-
-
-@pytest.mark.parametrize(
-    "run",
-    ["dqn.py", "sac_continuous_action.py", "fast_td3.py", "ppo_continuous_action.py", "pqn.py", "ppo_atari_lstm.py"],
-)
+@pytest.mark.parametrize("run", RESUMED_RUNS)
 def test_a_run_resumed_onto_the_device_goes_on_and_its_views_follow_the_learner(run, workdir):
     """--resume loads the snapshot onto the run's device (where a loaded tensor's .numpy() fails) and restores each
     state in place: the acting views, bound to the learner's tensors, follow it still (an LSTM's flat weights too), and
     the resumed run trains to its new end, writing its model and its next snapshot."""
-    flags, views = IMITATED_RUNS[run]
-    total = flags[flags.index("--total-timesteps") + 1]
-    first, _ = run_script(run, [*flags, "--checkpoint-every", total // 4, "--eval-episodes", 0], workdir)
-    resumed_at = torch.load(os.path.join(first["run_dir"], "state.pt"), weights_only=False)["step"]
-    flags = [*replaced(flags, "--total-timesteps", 2 * total), "--checkpoint-every", total // 4]
-    log, _ = imitated_run(
-        run, [*flags, "--resume", first["run_dir"], "--save-model", "--eval-episodes", 1], workdir, views
-    )
-    for view in views:
-        assert log["views"][view]["equal"] and log["views"][view]["learner_changed"], log["views"][view]
-    summary = json.load(open(os.path.join(first["run_dir"], "summary.json")))
-    assert summary["steps_done"] >= 2 * total - 256 and os.path.isfile(os.path.join(first["run_dir"], "model.pt"))
-    assert torch.load(os.path.join(first["run_dir"], "state.pt"), weights_only=False)["step"] > resumed_at
+    resumed_imitated_run(run, workdir)
