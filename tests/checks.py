@@ -35,6 +35,7 @@ COMPILED = {
     "sac_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "fast_td3.py": (["actor_loss", "critic_loss", "explore"], 3, 0),
+    "crossq.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_envpool.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_envpool_async.py": (["gae", "policy", "ppo_loss"], 3, 0),
