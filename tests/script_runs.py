@@ -338,6 +338,14 @@ SHORT_RUNS = {
         lr="--critic-learning-rate",
         other="td3_continuous_action.py",
     ),
+    # SAC's checkpoint holds target critics and critics without Batch Renormalization
+    "crossq.py": dict(
+        base=[*PENDULUM_ENV, "--critic-hidden-dim", 64],
+        tiny=OFF_POLICY,
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
     "ppo_continuous_action.py": dict(
         base=PENDULUM_ENV,
         tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],

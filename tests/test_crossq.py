@@ -12,7 +12,13 @@ import gymnasium as gym
 import pytest
 import torch
 
-from checks import SUMMARY_KEYS, assert_compiled_as_designed, is_a_pendulum_return, modes_here
+from checks import (
+    SUMMARY_KEYS,
+    assert_compiled_as_designed,
+    assert_writes_cleanrls_tags,
+    is_a_pendulum_return,
+    modes_here,
+)
 from script_runs import load_script, run_script, shared_run
 
 SCRIPT = "crossq.py"
@@ -254,6 +260,7 @@ def test_every_mode_writes_a_valid_summary(mode, workdir):
     warnings = [line for line in proc.stderr.splitlines() if "--cudagraphs needs CUDA" in line]
     assert len(warnings) == ("cudagraphs" in mode and not torch.cuda.is_available())
     assert_compiled_as_designed(summary)
+    assert_writes_cleanrls_tags(summary)  # CleanRL's SAC's
 
 
 def test_checkpoint_holds_the_running_statistics_and_loading_restores_them(workdir):
