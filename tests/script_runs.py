@@ -474,6 +474,7 @@ IMITATED_RUNS = {
         [*IMITATED_PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
         {"actor_view": "actor", "qnet_view": "qnet"},
     ),
+    "crossq.py": ([*IMITATED_PENDULUM, "--critic-hidden-dim", 64], {"actor_view": "actor", "qnet_view": "qnet"}),
     "ppo_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 2],
         {"agent_view": "agent"},
@@ -514,7 +515,7 @@ def imitated_run(script, args, workdir, views=None, check=True):
 
 # The scripts whose loop keeps tensors or acting views across a resume, resumed under the imitation: test_cuda_paths,
 # and test_cuda on a GPU
-RESUMED_RUNS = ["dqn.py", "sac_continuous_action.py", "fast_td3.py", "ppo_continuous_action.py", "pqn.py"]
+RESUMED_RUNS = ["dqn.py", "sac_continuous_action.py", "crossq.py", "fast_td3.py", "ppo_continuous_action.py", "pqn.py"]
 RESUMED_RUNS += ["ppo_atari_lstm.py"]
 
 
@@ -548,6 +549,11 @@ PROBED_RUNS = {
     ),
     "td3_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
+        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
+    ),
+    "crossq.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32]
+        + ["--critic-hidden-dim", 64],
         {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
     ),
     "fast_td3.py": (
