@@ -1,8 +1,8 @@
 """CrossQ (Bhatt et al. 2024): SAC without target networks, Batch Renormalization in a wide critic, one file.
 
-The critic sees (s, a) and (s', pi(s')) in one pass, so both share one batch's statistics; the actor's loss and the
-actions read the networks in eval mode (running statistics) through detached views, which the buffers keep shared.
-SB3-contrib's defaults put Batch Renormalization in the actor too (--no-actor-batch-norm takes it out).
+The critics see (s, a) and (s', pi(s')) in one pass, both halves normalized by one batch's statistics: no target
+copy to keep, for a critic batch twice as long. The actions and the actor's loss read the networks in eval mode
+(running statistics) through detached views; the pieces take torch.compile and CUDA graphs.
     python leanrl_scripts/crossq.py --env-id HalfCheetah-v5 --compile --cudagraphs
 """
 
@@ -46,11 +46,11 @@ class Args(RunArgs):
     critic_hidden_dim: Flag.Count = 2048
     """the width of the critic's two hidden layers"""
     batch_renorm_momentum: Flag.PositiveFraction = 0.01
-    """the rate at which Batch Renormalization's running statistics follow the batches"""
+    """the momentum of Batch Renormalization's running statistics"""
     batch_renorm_warmup: Flag.CountFrom0 = 100_000
     """Batch Renormalization's steps as plain batch norm (r=1, d=0) before r and d are clipped"""
     actor_batch_norm: bool = True
-    """Batch Renormalization in the actor too"""
+    """Batch Renormalization in the actor too (SB3-contrib's default)"""
     alpha: Flag.Positive = 0.2
     """the entropy coefficient with --no-autotune"""
     autotune: bool = True
@@ -62,7 +62,7 @@ class Args(RunArgs):
 LOG_EVERY = 100  # iterations between metric reads (a host sync each)
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
-ADAM_BETAS = (0.5, 0.999)  # the actor's and critic's, as in CrossQ's code; alpha's Adam keeps (0.9, 0.999)
+ADAM_BETAS = (0.5, 0.999)  # the actor's and critic's, as in SB3-contrib's CrossQ; alpha's Adam keeps (0.9, 0.999)
 
 
 def make_env(env_id, video_folder=None):
@@ -143,15 +143,11 @@ class BatchRenorm(nn.Module):
 
 
 def mlp(sizes, norm):
-    """Linear layers with ReLU between, each Linear after a `norm(width)` when `norm` is given (the input's too)."""
+    """Linear layers with ReLU between, each after a `norm(width)` (the input's too), as SB3-contrib's CrossQ."""
     layers = []
-    for i, (width, out) in enumerate(zip(sizes, sizes[1:])):
-        layers += [
-            *([norm(width)] if norm else []),
-            nn.Linear(width, out),
-            *([nn.ReLU()] if i < len(sizes) - 2 else []),
-        ]
-    return nn.Sequential(*layers)
+    for width, out in zip(sizes, sizes[1:]):
+        layers += [norm(width), nn.Linear(width, out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
 
 
 class Actor(nn.Module):
@@ -160,7 +156,7 @@ class Actor(nn.Module):
     def __init__(self, obs_dim, action_space, norm):
         super().__init__()
         act_dim = math.prod(action_space.shape)
-        self.trunk = nn.Sequential(mlp([obs_dim, 256, 256], norm), nn.ReLU(), *([norm(256)] if norm else []))
+        self.trunk = nn.Sequential(mlp([obs_dim, 256, 256], norm), nn.ReLU(), norm(256))
         self.mean = nn.Linear(256, act_dim)
         self.log_std = nn.Linear(256, act_dim)
         high = torch.tensor(action_space.high)
@@ -236,7 +232,7 @@ def policy(obs, *, actor, deterministic=False):
 
 
 def critic_loss(obs, actions, rewards, next_obs, terminations, *, actor_view, qnet, alpha, gamma):
-    """The critics' TD loss, averaged over critics as in SB3-contrib (0.5 times their sum), and CleanRL's metrics.
+    """The critics' TD loss, their mean as in SB3-contrib (0.5 times their sum), and CleanRL's metrics.
     No target network: (s, a) and (s', a') go through the critics in one pass, in train mode, so one batch's
     statistics normalize both halves; the s' half, detached, makes the target."""
     with torch.no_grad():
@@ -328,7 +324,8 @@ if __name__ == "__main__":
     run.check_fits(args.buffer_size * (2 * obs_dim + act_dim + 2) * 4, "--buffer-size")
 
     norm = partial(BatchRenorm, momentum=args.batch_renorm_momentum, warmup_steps=args.batch_renorm_warmup)
-    actor = Actor(obs_dim, envs.single_action_space, norm if args.actor_batch_norm else None).to(device)
+    # nn.Identity takes the width and ignores it
+    actor = Actor(obs_dim, envs.single_action_space, norm if args.actor_batch_norm else nn.Identity).to(device)
     qnet = Ensemble(partial(SoftQNetwork, obs_dim, act_dim, args.critic_hidden_dim, norm)).to(device)
     # autotuned, alpha starts at 1.0, as in CleanRL's and SB3's SAC
     log_alpha = torch.tensor(0.0, device=device, requires_grad=args.autotune)

@@ -293,3 +293,14 @@ REFUSED = [
 def test_bad_input_is_one_error_line(args, line, workdir):
     _, proc = run_script(SCRIPT, [*TINY, *args], workdir, check=False, timeout=120)
     assert proc.returncode == 2 and proc.stderr == line + "\n" and not os.path.exists(os.path.join(workdir, "runs"))
+
+
+def test_without_actor_batch_norm_the_actor_has_no_statistics(workdir):
+    summary, _ = run_script(SCRIPT, [*TINY, "--no-actor-batch-norm", "--save-model"], workdir)
+    saved = torch.load(os.path.join(summary["run_dir"], "model.pt"), weights_only=True)
+    assert sorted(saved["actor"]) == sorted(
+        load_script(SCRIPT).Actor(3, gym.make("Pendulum-v1").action_space, torch.nn.Identity).state_dict()
+    )
+    assert not any(key.endswith(".steps") for key in saved["actor"]) and is_a_pendulum_return(
+        summary["eval_return_mean"]
+    )
