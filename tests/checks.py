@@ -35,6 +35,7 @@ COMPILED = {
     "sac_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "td3_continuous_action.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "fast_td3.py": (["actor_loss", "critic_loss", "explore"], 3, 0),
+    "crossq.py": (["actor_loss", "critic_loss", "policy"], 3, 0),
     "ppo_continuous_action.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_envpool.py": (["gae", "policy", "ppo_loss"], 3, 0),
     "ppo_atari_envpool_async.py": (["gae", "policy", "ppo_loss"], 3, 0),
@@ -115,6 +116,7 @@ PQN = EPISODES | {"charts/SPS", "losses/td_loss", "losses/q_values"}
 CRITICS = {f"losses/{name}" for name in ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")}
 CLEANRL_TAGS = {
     "sac_continuous_action.py": EPISODES | CRITICS | {"losses/alpha", "losses/alpha_loss"},
+    "crossq.py": EPISODES | CRITICS | {"losses/alpha", "losses/alpha_loss"},  # CleanRL's SAC's
     "td3_continuous_action.py": EPISODES | CRITICS | {"eval/episodic_return"},
     "ppo_continuous_action.py": PPO | {"eval/episodic_return"},
     "dqn.py": DQN,

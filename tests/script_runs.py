@@ -338,6 +338,14 @@ SHORT_RUNS = {
         lr="--critic-learning-rate",
         other="td3_continuous_action.py",
     ),
+    # SAC's checkpoint holds target critics and critics without Batch Renormalization
+    "crossq.py": dict(
+        base=[*PENDULUM_ENV, "--critic-hidden-dim", 64],
+        tiny=OFF_POLICY,
+        diverge=["--learning-rate", 1e30],
+        lr="--learning-rate",
+        other="sac_continuous_action.py",
+    ),
     "ppo_continuous_action.py": dict(
         base=PENDULUM_ENV,
         tiny=["--total-timesteps", 1024, "--num-steps", 512, "--measure-burnin", 0],
@@ -466,6 +474,7 @@ IMITATED_RUNS = {
         [*IMITATED_PENDULUM, "--num-envs", 4, "--critic-hidden-dim", 64, "--actor-hidden-dim", 32],
         {"actor_view": "actor", "qnet_view": "qnet"},
     ),
+    "crossq.py": ([*IMITATED_PENDULUM, "--critic-hidden-dim", 64], {"actor_view": "actor", "qnet_view": "qnet"}),
     "ppo_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64, "--num-minibatches", 2],
         {"agent_view": "agent"},
@@ -506,7 +515,7 @@ def imitated_run(script, args, workdir, views=None, check=True):
 
 # The scripts whose loop keeps tensors or acting views across a resume, resumed under the imitation: test_cuda_paths,
 # and test_cuda on a GPU
-RESUMED_RUNS = ["dqn.py", "sac_continuous_action.py", "fast_td3.py", "ppo_continuous_action.py", "pqn.py"]
+RESUMED_RUNS = ["dqn.py", "sac_continuous_action.py", "crossq.py", "fast_td3.py", "ppo_continuous_action.py", "pqn.py"]
 RESUMED_RUNS += ["ppo_atari_lstm.py"]
 
 
@@ -540,6 +549,11 @@ PROBED_RUNS = {
     ),
     "td3_continuous_action.py": (
         ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32],
+        {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
+    ),
+    "crossq.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200, "--batch-size", 32]
+        + ["--critic-hidden-dim", 64],
         {"policy", "critic_loss", "actor_loss", "update_critics", "update_actor"},
     ),
     "fast_td3.py": (

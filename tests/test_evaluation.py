@@ -68,6 +68,17 @@ def fast_td3(module):
     return evaluate, rule, {"actor": actor, "normalizer": normalizer}
 
 
+def crossq(module):
+    norm = lambda width: module.BatchRenorm(width, momentum=0.01, warmup_steps=0)  # noqa: E731
+    actor = module.Actor(3, gym.make("Pendulum-v1").action_space, norm).requires_grad_(False).eval()
+    for name, buffer in actor.named_buffers():  # running statistics far from the identity's
+        if "running" in name:
+            buffer.copy_(torch.rand_like(buffer) * 3)
+    rule = lambda obs, actor, deterministic: actor(obs)[2]  # noqa: E731  (the mean action)
+    evaluate = lambda: module.evaluate(actor, SimpleNamespace(**PENDULUM), CPU, None)  # noqa: E731
+    return evaluate, rule, {"actor": actor, "deterministic": True}
+
+
 def ppo_continuous(module):
     agent = module.Agent(3, 1).requires_grad_(False)
     obs_stats = gym.wrappers.utils.RunningMeanStd(shape=(3,))
@@ -90,6 +101,7 @@ CASES = {
     "sac_continuous_action.py": sac,
     "td3_continuous_action.py": td3,
     "fast_td3.py": fast_td3,
+    "crossq.py": crossq,
     "ppo_continuous_action.py": ppo_continuous,
     "impala_ray.py": impala,
 }

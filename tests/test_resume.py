@@ -21,6 +21,8 @@ RUNS = {
     "dqn.py": ["--total-timesteps", 6000, "--learning-starts", 500, "--checkpoint-every", 1000],
     "sac_continuous_action.py": [*CONTINUOUS, "--checkpoint-every", 500],
     "td3_continuous_action.py": [*CONTINUOUS, "--checkpoint-every", 500],
+    # Batch Renormalization's running statistics and step counts, buffers of the snapshot's networks
+    "crossq.py": [*CONTINUOUS, "--critic-hidden-dim", 64, "--checkpoint-every", 500],
     "ppo_continuous_action.py": ["--env-id", "Pendulum-v1", "--total-timesteps", 4096, "--num-steps", 256]
     + ["--checkpoint-every", 1024],
     # MuJoCo's physics and generator, which gymnasium's pickling of its envs leaves out; Hopper's falls end episodes
