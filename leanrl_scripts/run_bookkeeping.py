@@ -549,7 +549,6 @@ class SilentSinks:
     returns of the last 20 training episodes and the non-finite check, which stops it where the first stops."""
 
     writes = False
-    last_written = None  # the step of the last event written
 
     def __init__(self):
         self.recent_returns = deque(maxlen=20)
@@ -619,7 +618,7 @@ class Sinks(SilentSinks):
                 reason = (str(error).strip() or type(error).__name__).splitlines()[0]
                 fail(f"--track: W&B did not start ({reason}); WANDB_MODE=offline needs no account and no network")
         step = resumed["step"] if resumed else 0
-        self.last_written = resumed["last_written"] if resumed else 0
+        self.last_written = resumed["last_written"] if resumed else 0  # the step of the last event written
         try:
             if not resumed:
                 os.makedirs(folder)  # not exist_ok: a run started at the same moment elsewhere keeps its folder
@@ -974,8 +973,8 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.clock.stop(step)
-        with self.stoppable():  # written unless the loop's last event is at `step`: one point a step, resumed or not
-            if step == self.sinks.last_written:
+        with self.stoppable():  # written unless the loop logged at `step`: one point a step, resumed or not
+            if step == self.sinks.last_step:
                 SilentSinks.log(self.sinks, step, losses)
             else:
                 self.log(step, losses)
