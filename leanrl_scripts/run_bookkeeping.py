@@ -140,6 +140,7 @@ class RunArgs:
     save_model: bool = False  # save a checkpoint to runs/<run_name>/model.pt at the end
     load_model: str = ""  # a checkpoint to start from (evaluate it with --total-timesteps 0, or continue training)
     checkpoint_every: Flag.CountFrom0 = 0  # write the run's whole state to its folder every N env steps (0: never)
+    checkpoint_minutes: Flag.AtLeast0 = 0.0  # and every M minutes (0: never), whichever comes first
     resume: str = ""  # a run folder: continue that run from its last state (--checkpoint-every), as if never stopped
 
 
@@ -311,8 +312,9 @@ class Checkpoint:
 
 
 # Flags a resumed run may change: they change how it runs or ends, not what it learns
-_RESUME_MAY_CHANGE = {"resume", "checkpoint_every", "total_timesteps", "torch_threads", "cuda", "compile", "cudagraphs"}
-_RESUME_MAY_CHANGE |= {"eval_episodes", "capture_video", "save_model", "track", "wandb_project_name", "wandb_entity"}
+_RESUME_MAY_CHANGE = {"resume", "checkpoint_every", "checkpoint_minutes", "total_timesteps", "torch_threads", "cuda"}
+_RESUME_MAY_CHANGE |= {"compile", "cudagraphs", "eval_episodes", "capture_video", "save_model", "track"}
+_RESUME_MAY_CHANGE |= {"wandb_project_name", "wandb_entity"}
 
 
 def _game_state(game):  # what pickling leaves out of a game gymnasium pickles as a new one (EzPickle: its arguments)
@@ -378,6 +380,9 @@ class Snapshot:
 
     def __init__(self, args):
         self.every, self.next_step = args.checkpoint_every, None
+        self.seconds = args.checkpoint_minutes * 60
+        self.next_time = time.monotonic() + self.seconds
+        self.on = bool(self.every or self.seconds)
         self.saved = self._load(args) if args.resume else None
 
     def _load(self, args):
@@ -410,7 +415,10 @@ class Snapshot:
         return saved
 
     def due(self, step):
-        """Whether a snapshot is due at `step` (every --checkpoint-every steps from the run's start or its resume)."""
+        """Whether a snapshot is due at `step`: every --checkpoint-every steps from the run's start or its resume, or
+        --checkpoint-minutes after the last one."""
+        if self.seconds and time.monotonic() >= self.next_time:
+            return True
         if self.every == 0:
             return False
         if self.next_step is None:
@@ -438,6 +446,7 @@ class Snapshot:
             os.replace(path, os.path.join(folder, "state.prev.pt"))
         _write_atomic(path, lambda f: torch.save(everything, f))  # streamed: no copy of the replay in memory
         self.next_step = step + self.every
+        self.next_time = time.monotonic() + self.seconds
 
     def restore(self, states, clock, device):
         """With --resume: the `states` in place, every random generator and the clock as saved; the loop's counters,
@@ -909,7 +918,7 @@ class Run:
         """At a point of the loop where its state is whole, every --checkpoint-every steps and once a Ctrl-C or SIGTERM
         came (before stop_if_signalled ends the run: a preempted run loses nothing): the snapshot of every state
         resumable named, with the loop's counters `loop` (what resumable returns to the resumed run)."""
-        if self.sinks.writes and (self.snapshot.due(step) or (self.snapshot.every and SIGNALS_RECEIVED)):
+        if self.sinks.writes and (self.snapshot.due(step) or (self.snapshot.on and SIGNALS_RECEIVED)):
             self.sinks.flush()  # the scalars so far on disk: a resumed run's go on from `step`
             self.snapshot.save(self.dir, step, self.args, self.run_states, loop, self.clock, self.sinks)
 
@@ -918,7 +927,7 @@ class Run:
         SignalWatcher."""
         if self.args.save_model and self.checkpoint is None:
             fail("--save-model: this script does not say what its checkpoint holds (run.save_and_load)")
-        if (self.args.checkpoint_every or self.args.resume) and self.run_states is None:
+        if (self.snapshot.on or self.args.resume) and self.run_states is None:
             fail("--checkpoint-every and --resume: this script does not keep its run's whole state (run.resumable)")
         self.show_held_warnings()
         if write:

@@ -200,3 +200,14 @@ def test_a_sigterm_writes_a_snapshot_at_the_step_it_stops_and_the_resumed_run_is
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_model(folder, expected["run_dir"])
     assert summary["return_mean"] == expected["return_mean"] and summary["steps_done"] == 20_000
+
+
+def test_checkpoint_minutes_writes_snapshots_by_the_clock(workdir):
+    """--checkpoint-minutes alone (here 30 ms): snapshots as the run goes, the last near its end."""
+    flags = ["--total-timesteps", 6000, "--learning-starts", 500, "--eval-episodes", 0, "--checkpoint-minutes", 0.0005]
+    summary, _ = run_script("dqn.py", flags, workdir)
+    steps = [
+        torch.load(os.path.join(summary["run_dir"], name), weights_only=False)["step"]
+        for name in ("state.prev.pt", "state.pt")
+    ]
+    assert 0 < steps[0] < steps[1] <= 6000 and steps[1] >= 3000, steps
