@@ -57,9 +57,9 @@ def scalars(folder, tag):
     return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
-def killed_after_a_snapshot(workdir, run="dqn.py"):
-    """A snapshotting run of RUNS killed with SIGKILL once its folder holds two snapshots: its folder."""
-    proc = start_script(run.split()[0], RUNS[run], workdir)
+def killed_after_a_snapshot(workdir, run="dqn.py", flags=None, env=None):
+    """A run of RUNS (or of `flags`) killed with SIGKILL once its folder holds two snapshots: its folder."""
+    proc = start_script(run.split()[0], RUNS[run] if flags is None else flags, workdir, env=env)
     deadline = time.monotonic() + 300
     while not glob.glob(os.path.join(workdir, "runs", "*", "state.prev.pt")) and time.monotonic() < deadline:
         time.sleep(0.02)

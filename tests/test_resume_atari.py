@@ -7,14 +7,12 @@ no transition across the cut."""
 import glob
 import json
 import os
-import signal
-import time
 
 import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_resume import assert_same_model, scalars
+from test_resume import assert_same_model, killed_after_a_snapshot, scalars
 
 from reference_implementations import plain_n_step
 from script_runs import ROOT, STANDIN, load_script, run_script, start_script
@@ -27,19 +25,6 @@ SCRIPTS = ["dqn_atari.py", "rainbow_atari.py"]
 TINY = ["--total-timesteps", 600, "--learning-starts", 100, "--buffer-size", 400, "--num-envs", 2]
 TINY += ["--train-frequency", 8, "--batch-size", 4, "--target-network-frequency", 40, "--measure-burnin", 5]
 TINY += ["--eval-episodes", 0, "--save-model", "--checkpoint-every", 200]
-
-
-def killed_after_a_snapshot(script, flags, workdir, env=None):
-    """A run killed with SIGKILL once its folder holds two snapshots: its folder."""
-    proc = start_script(script, flags, workdir, env=env)
-    deadline = time.monotonic() + 300
-    while not glob.glob(os.path.join(workdir, "runs", "*", "state.prev.pt")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    (folder,) = glob.glob(os.path.join(workdir, "runs", "*"))
-    assert proc.returncode == -signal.SIGKILL and not os.path.exists(os.path.join(folder, "summary.json"))
-    return folder
 
 
 def resumed(folder, flags, script, env=None):
@@ -61,7 +46,7 @@ def test_a_run_on_ale_killed_hard_resumes_to_the_run_never_stopped(script, workd
     flags = [*TINY, "--env-backend", "gymnasium"]
     expected, _ = run_script(script, flags, workdir)
     os.makedirs(os.path.join(workdir, "killed"))
-    folder = killed_after_a_snapshot(script, flags, os.path.join(workdir, "killed"))
+    folder = killed_after_a_snapshot(os.path.join(workdir, "killed"), script, flags)
     got, _ = resumed(folder, flags, script)
     assert_same_model(folder, expected["run_dir"])
     for key in ("steps_done", "return_mean", "num_updates", "final_metrics"):
@@ -76,7 +61,7 @@ def test_a_run_on_envpool_resumes_with_new_games_on_one_curve(script, workdir):
     recorded; the resumed run plays new ones to the run's last step and update, its returns on the killed run's curve
     from the snapshot on."""
     flags, env = [*TINY, "--env-id", "Cue-v5"], {"PYTHONPATH": os.pathsep.join([STANDIN, ROOT])}
-    folder = killed_after_a_snapshot(script, flags, workdir, env)
+    folder = killed_after_a_snapshot(workdir, script, flags, env)
     before = scalars(folder, "charts/episodic_return")
     got, resumed_from = resumed(folder, flags, script, env)
     assert got["steps_done"] == 600 and got["num_updates"] == 62
