@@ -7,10 +7,10 @@ set -euo pipefail
 usage() {
     cat <<'TEXT'
 usage: ./run.sh [--group NAME] [--quick | --smoke] [--results FOLDER]
-       ./run.sh --learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--fasttd3 CLONE] [--reference-python PY]
-               [--jax-python PY] [--until-score] [--max-minutes M] [--quick | --smoke] [--results FOLDER]
-       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--fasttd3 CLONE] [--reference-python PY] [--jax-python PY]
-               [--rounds N] [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
+       ./run.sh --learning [--seeds N] [--cleanrl CLONE] [--leanrl CLONE] [--fasttd3 CLONE] [--sb3-contrib CLONE]
+               [--reference-python PY] [--jax-python PY] [--until-score] [--max-minutes M] [--quick | --smoke] [--results FOLDER]
+       ./run.sh --compare --leanrl CLONE --cleanrl CLONE [--fasttd3 CLONE] [--sb3-contrib CLONE]
+               [--reference-python PY] [--jax-python PY] [--rounds N] [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
        any of them with --dry-run: print the commands it would run, run nothing
 Runs every script in every speed mode (benchmarks/speed.py), then writes the tables and the chart; with
@@ -29,6 +29,8 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
   --leanrl CLONE     tasks and seeds, LeanRL's (pytorch-labs/LeanRL) for SAC, TD3 and PPO continuous
   --fasttd3 CLONE    with --learning and --compare: FastTD3's own train.py (a clone of younggyoseo/FastTD3)
                      beside fast_td3.py
+  --sb3-contrib CLONE with --learning and --compare: SB3-contrib's CrossQ beside crossq.py (a clone of
+                     Stable-Baselines-Team/stable-baselines3-contrib; stable-baselines3 in the reference Python)
   --reference-python PY   the Python that runs them (LeanRL's need torchrl; see benchmarks/learning.py)
   --until-score      with --learning: stop each run at its task's score (for the seconds to it only)
   --max-minutes M    with --learning: stop a run after M minutes (recorded as not reaching the score)
@@ -41,7 +43,8 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
                      side's headline runs only)
   --budget-minutes M with --compare: start no run that would not end within M minutes
   --run-timeout S    with --compare: stop a run after S seconds (it is recorded as stopped)
-  --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax,fasttd3 (default: all)
+  --sides LIST       with --compare: only these sides, from ours,leanrl,cleanrl,jax,fasttd3,sb3_contrib
+                     (default: all)
   --only LIST        with --compare: only these rows of benchmarks/settings.toml (default: every row that
                      names a reference script)
   --headline         with --compare: only each side's headline runs (ours at its default threads, each
@@ -75,7 +78,7 @@ while [ $# -gt 0 ]; do
         --max-minutes)
             [[ $# -ge 2 && $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0*([.]0*)?$ ]] || refuse "$1 needs a positive number"
             learning_args+=("$1" "$2"); shift ;;
-        --cleanrl|--leanrl|--fasttd3|--reference-python|--jax-python)
+        --cleanrl|--leanrl|--fasttd3|--sb3-contrib|--reference-python|--jax-python)
             [ $# -ge 2 ] || refuse "$1 needs a value"; references+=("$1" "$2"); shift ;;
         --seeds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || refuse "--seeds needs a whole number, 1 or more"; seeds=$2 seeds_given=1; shift ;;
         *) refuse "unknown argument '$1' (a results folder is named with --results FOLDER)" ;;

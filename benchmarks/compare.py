@@ -32,12 +32,14 @@ import tempfile
 import time
 
 import runner
-from references import REFERENCE_REPOS, check_clones, fasttd3_flags, package_versions, write_reference
+from references import check_clones, fasttd3_flags, option, package_versions, script_path, write_reference
 
 # a run's seconds before any record says better (a compiling run: twice), on a CPU and on CUDA
 GUESS_SECONDS = {False: {"smoke": 30, "quick": 90, "full": 240}, True: {"smoke": 30, "quick": 60, "full": 120}}
-SIDES = ("ours", "leanrl", "cleanrl", "jax", "fasttd3")
-PROJECT = {"leanrl": "LeanRL", "cleanrl": "CleanRL", "fasttd3": "FastTD3"}
+SIDES = ("ours", "leanrl", "cleanrl", "jax", "fasttd3", "sb3_contrib")
+PROJECT = {"leanrl": "LeanRL", "cleanrl": "CleanRL", "fasttd3": "FastTD3", "sb3_contrib": "SB3-contrib"}
+# the sides whose runs are left out without their clone, where the others' clones are needed
+OPTIONAL = ("fasttd3", "sb3_contrib")
 NAMES = {"ours": "ours", "jax": "JAX", **PROJECT}
 # XLA's CPU runtime takes every core; one thread: its Eigen pool switched off, the flags jax users pass for one thread
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -46,7 +48,7 @@ KEY = ("row", "side", "script", "mode", "threads", "round", "profile")
 
 def compared(rows):
     """The names of settings.toml's rows that have a reference script."""
-    return [name for name, row in rows.items() if {"leanrl", "cleanrl", "jax", "fasttd3"} & set(row)]
+    return [name for name, row in rows.items() if set(SIDES[1:]) & set(row)]
 
 
 def plan(rows, names, rounds, cuda, headline_only=False):
@@ -80,11 +82,14 @@ def plan(rows, names, rounds, cuda, headline_only=False):
                 "fasttd3": [
                     (row.get("fasttd3"), mode, threads) for mode in ("eager", "compile") for threads in their_threads
                 ],
+                # SB3-contrib's class: eager, as it has no compiled mode
+                "sb3_contrib": [(row.get("sb3_contrib"), "eager", threads) for threads in their_threads],
             }
             headline = [("ours", row["script"], mode, "default") for mode in (our_modes[-1:] if cuda else our_modes)]
             headline += [("leanrl", compiled, leanrl_modes[-1], 1), ("cleanrl", row.get("cleanrl"), "eager", 1)]
             headline += [("jax", script, "jit", jax_threads[0]) for script in jax]
             headline += [("fasttd3", row.get("fasttd3"), "compile" if cuda else "eager", 1)]
+            headline += [("sb3_contrib", row.get("sb3_contrib"), "eager", 1)]
             for side in SIDES if forward else SIDES[::-1]:
                 for run in by_side[side]:
                     tier = (side, *run) not in headline
@@ -143,9 +148,7 @@ def command(args, rows, run):
     if side == "jax" and threads == 1:
         settings["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_ONE_THREAD}".strip()
     python = args.jax_python if side == "jax" else args.reference_python
-    script = (
-        f"{REFERENCE_REPOS[PROJECT[script.split('/')[0] if side == 'jax' else side]][2]}/{script.split('/')[-1]}.py"
-    )
+    script = script_path(PROJECT[script.split("/")[0] if side == "jax" else side], script.split("/")[-1])
     if side == "fasttd3":  # the same settings under its names
         import torch
 
@@ -167,7 +170,7 @@ def run_one(args, clones, rows, run, limit):
             record.update({key: summary.get(key) for key in ("sps", "warmup_seconds", "torch_threads", "device")})
         else:
             project = PROJECT[words[0].split("/")[0] if run[1] == "jax" else run[1]]
-            path, found = write_reference(project, os.path.basename(words[0])[:-3], clones[project.lower()], workdir)
+            path, found = write_reference(project, os.path.basename(words[0])[:-3], clones[option(project)], workdir)
             record.update(found, script_path=found.pop("script"))
             ended = runner.run([python, path, *words[1:]], workdir, env, limit)
             record["sps"] = reference_sps(workdir, run[1] == "jax", starts)
@@ -258,7 +261,8 @@ def write_tables(folder, records):
     packages += f"; the JAX scripts with {each(jax, 'packages')}" * bool(jax)
     lines = [
         f"# Ours beside LeanRL and CleanRL{', and their JAX scripts' * bool(jax)}"
-        f"{', and FastTD3' * any(r['side'] == 'fasttd3' for r in records)}: {each(records, 'machine')}",
+        + "".join(f", and {PROJECT[side]}" for side in OPTIONAL if any(r["side"] == side for r in records))
+        + f": {each(records, 'machine')}",
         "",
         f"Measured {each(records, 'date')}, {each(records, 'profile')} budgets, one run at a time. {packages}. Made "
         "by `python benchmarks/compare.py` (`./run.sh --compare`); every run's command, SPS and time is a line of "
@@ -306,7 +310,7 @@ def write_tables(folder, records):
         fig, ax = plt.subplots(figsize=(1.6 * max(len(rows), 2) + 2, 3.5))
         for i, side in enumerate(SIDES):
             heights = [best.get((row, side)) or 0 for row in rows]
-            ax.bar([j + (i - 2) * 0.16 for j in range(len(rows))], heights, width=0.16, label=side)
+            ax.bar([j + (i - len(SIDES) / 2) * 0.14 for j in range(len(rows))], heights, width=0.14, label=side)
         ax.set_xticks(range(len(rows)), rows)
         ax.set(ylabel="steady SPS, best setting", yscale="log")
         ax.legend()
@@ -333,18 +337,19 @@ def main():
         parser.error("--rounds and --budget-minutes must be positive")
     args.python = os.environ.get("PYTHON", sys.executable)
     sides = args.sides.split(",")
-    # the projects whose scripts the runs read; FastTD3's runs are left out without its clone
+    # the projects whose scripts the runs read; FastTD3's and SB3-contrib's runs are left out without their clones
     needed = {PROJECT[side] for side in sides if side in PROJECT for name in names if side in rows[name]}
     needed |= {project for name in names for project, *_ in rows[name].get("jax", [])} if "jax" in sides else set()
-    clones = check_clones(parser, args, () if args.collect or args.dry_run else needed - {"FastTD3"})
+    optional = {PROJECT[side] for side in OPTIONAL}
+    clones = check_clones(parser, args, () if args.collect or args.dry_run else needed - optional)
     args.jax_python = args.jax_python or args.reference_python
     import torch
 
     cuda = torch.cuda.is_available()
     runs = plan(rows, names, args.rounds, cuda, args.headline or args.profile == "smoke")
     runs = [run for run in runs if run[1] in sides]
-    if "fasttd3" not in clones and not args.dry_run:  # FastTD3's runs need its clone (--fasttd3)
-        runs = [run for run in runs if run[1] != "fasttd3"]
+    if not args.dry_run:  # FastTD3's and SB3-contrib's runs need their clones (--fasttd3, --sb3-contrib)
+        runs = [run for run in runs if run[1] not in OPTIONAL or run[1] in clones]
     if args.dry_run:
         for run in runs:
             print(runner.record_command(*command(args, rows, run)))

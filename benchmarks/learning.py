@@ -15,10 +15,13 @@ kept curves to FOLDER/curves.csv. Our scripts run with $PYTHON where it is set, 
 Profiles: quick fits a 2-core CPU (hours with PPO Atari), full is CleanRL's budgets, smoke checks the files in
 about a minute.
 
-With --cleanrl, --leanrl and --fasttd3 (clones of vwxyzjn/cleanrl, pytorch-labs/LeanRL and younggyoseo/FastTD3), each
-seed of a task also runs the task's reference scripts after ours, in their default mode (compile and CUDA graphs
+With --cleanrl, --leanrl, --fasttd3 and --sb3-contrib (clones of vwxyzjn/cleanrl, pytorch-labs/LeanRL,
+younggyoseo/FastTD3 and Stable-Baselines-Team/stable-baselines3-contrib), each seed of a task also runs the task's
+reference scripts after ours, in their default mode (compile and CUDA graphs
 off, as ours run without the speed flags), read at the commits of benchmarks/references.py and patched at run time,
-with the same flags and seed (FastTD3's train.py: the same settings under its names, references.fasttd3_flags); with
+with the same flags and seed (FastTD3's train.py: the same settings under its names, references.fasttd3_flags;
+SB3-contrib's CrossQ: its class trained by the driver in benchmarks/references.py, with stable-baselines3 installed
+in the reference Python); with
 --jax-python (a Python with requirements/requirements-jax.txt) the JAX ones too. LeanRL's scripts import
 torchrl, whose release for torch 2.13 needs tensordict<0.15 (ours takes 0.15): give them a Python of their own, e.g.
     python -m venv ref && ref/bin/pip install torch==2.13.0 torchrl==0.14.1 "gymnasium[mujoco]" envpool tyro \\
@@ -42,7 +45,7 @@ import time
 
 import learning_tables
 import runner
-from references import REFERENCE_REPOS, check_clones, fasttd3_flags, package_versions, write_reference
+from references import check_clones, fasttd3_flags, option, package_versions, script_path, write_reference
 
 # what a reference logs in place of each episode's return: LeanRL's scripts a running mean of the last 20 episodes
 # (to wandb); the projects' JAX PPO the mean of each env's last game, every iteration (CleanRL's
@@ -89,7 +92,7 @@ def words(table, task, side, profile):
         import torch
 
         flags = fasttd3_flags(flags, cuda=torch.cuda.is_available())
-    return [], f"{REFERENCE_REPOS[side.split('-')[0]][2]}/{dict(entry['references'])[side]}.py", flags
+    return [], script_path(side.removesuffix("-JAX"), dict(entry["references"])[side]), flags
 
 
 def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, reference_python=None,
@@ -113,7 +116,7 @@ def run_task(task, seed, profile, folder, python, side="ours", repo_dir=None, re
     with tempfile.TemporaryDirectory() as workdir:
         path = os.path.join(runner.ROOT, script)
         if reference:
-            path, found = write_reference(side.split("-")[0], reference, repo_dir, workdir)
+            path, found = write_reference(side.removesuffix("-JAX"), reference, repo_dir, workdir)
             found.pop("script")
             python = reference_python
             record.update(found, packages=package_versions(reference_python))
@@ -182,9 +185,9 @@ def main():
     folder = None if args.dry_run else runner.results_folder(args.results, "learning")
     for name in names:
         references = [
-            (side, clones.get(side.split("-")[0].lower()))
+            (side, clones.get(option(side.removesuffix("-JAX"))))
             for side, _ in tasks[name].get("references", [])
-            if side.split("-")[0].lower() in clones and (args.jax_python or not side.endswith("-JAX"))
+            if option(side.removesuffix("-JAX")) in clones and (args.jax_python or not side.endswith("-JAX"))
         ]
         for seed in range(1, args.seeds + 1):
             for side, clone in [("ours", None), *references]:

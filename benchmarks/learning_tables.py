@@ -36,6 +36,7 @@ SIDES = {
     "CleanRL-JAX": "#c44e52",
     "LeanRL-JAX": "#8172b3",
     "FastTD3": "#937860",
+    "SB3-contrib": "#da8bc3",
 }
 # the points a record keeps of its curve (the charts draw 100 between the seeds' ends) and of each losses/* scalar
 CURVE_POINTS = 200

@@ -29,6 +29,13 @@ REFERENCE_REPOS = {
         "fast_td3",
         ["fast_td3/fast_td3.py", "fast_td3/fast_td3_utils.py", "fast_td3/hyperparams.py"],
     ),
+    # a library, not a script: a driver of ours (DRIVERS) trains its class with our flags, its package beside it
+    "SB3-contrib": (
+        "Stable-Baselines-Team/stable-baselines3-contrib",
+        "0ca7fdd8d1150bd3a48b86016a85db036efc3b6d",
+        "",
+        ["sb3_contrib"],
+    ),
 }
 # Prepended to every reference script: gymnasium 1.x's vector env made to hand out what 0.29's did, for which these
 # scripts were written (the final step's observation and episode statistics in the same step, `final_observation`
@@ -295,6 +302,79 @@ def fasttd3_flags(flags, cuda=False, mode="eager"):
     return [*words, *off, "--exp_name", "fasttd3", compiled, *([] if cuda else ["--no_cuda"])]
 
 
+# SB3-contrib's CrossQ trained with our crossq.py's flags (the same names and defaults; the CPU settings' critic width
+# given as its net_arch), through stable-baselines3's vector env with its Monitor, seeded as its make_vec_env seeds.
+# It logs as CleanRL's scripts do: each training episode's return, and the SPS every 100 steps, whose wall times give
+# the steady SPS. Its own defaults that differ from the paper's (a 1,024 critic, learning from step 100) are not
+# used: every flag is given.
+SB3_CONTRIB_CROSSQ = """\
+import argparse
+import time
+
+import torch
+from sb3_contrib import CrossQ
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from torch.utils.tensorboard import SummaryWriter
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--env-id", default="HalfCheetah-v5")
+parser.add_argument("--total-timesteps", type=int, default=1_000_000)
+parser.add_argument("--num-envs", type=int, default=1)
+parser.add_argument("--buffer-size", type=int, default=1_000_000)
+parser.add_argument("--gamma", type=float, default=0.99)
+parser.add_argument("--batch-size", type=int, default=256)
+parser.add_argument("--learning-starts", type=int, default=5_000)
+parser.add_argument("--learning-rate", type=float, default=1e-3)
+parser.add_argument("--policy-delay", type=int, default=3)
+parser.add_argument("--critic-hidden-dim", type=int, default=2048)
+parser.add_argument("--batch-renorm-momentum", type=float, default=0.01)
+parser.add_argument("--batch-renorm-warmup", type=int, default=100_000)
+parser.add_argument("--seed", type=int, default=1)
+args = parser.parse_args()
+writer = SummaryWriter(f"runs/sb3_contrib_crossq__{args.env_id}__{args.seed}")
+
+
+class Log(BaseCallback):
+    def _on_training_start(self):
+        self.start, self.logged = time.time(), 0
+
+    def _on_step(self):
+        for info in self.locals["infos"]:
+            if "episode" in info:
+                writer.add_scalar("charts/episodic_return", info["episode"]["r"], self.num_timesteps)
+        if self.num_timesteps // 100 > self.logged:
+            self.logged = self.num_timesteps // 100
+            writer.add_scalar("charts/SPS", self.num_timesteps / (time.time() - self.start), self.num_timesteps)
+        return True
+
+
+envs = make_vec_env(args.env_id, n_envs=args.num_envs, seed=args.seed)
+policy = dict(
+    net_arch=dict(pi=[256, 256], qf=[args.critic_hidden_dim] * 2),
+    batch_norm_momentum=args.batch_renorm_momentum,
+    renorm_warmup_steps=args.batch_renorm_warmup,
+)
+model = CrossQ(
+    "MlpPolicy",
+    envs,
+    learning_rate=args.learning_rate,
+    buffer_size=args.buffer_size,
+    learning_starts=args.learning_starts,
+    batch_size=args.batch_size,
+    gamma=args.gamma,
+    policy_delay=args.policy_delay,
+    policy_kwargs=policy,
+    seed=args.seed,
+    device="cuda" if torch.cuda.is_available() else "cpu",
+)
+model.learn(args.total_timesteps, callback=Log())
+writer.close()
+"""
+# the drivers of the libraries' classes, by library and name
+DRIVERS = {"SB3-contrib": {"crossq": SB3_CONTRIB_CROSSQ}}
+
+
 # LeanRL's scripts log to Weights & Biases only: the running mean of the last 20 episodes' returns
 # ("episode_return") and the steady steps per second since its burn-in ("speed"). This stands in for wandb beside
 # the script and keeps those values with their step and time.
@@ -325,7 +405,8 @@ def finish(*args, **kwargs):
 
 PACKAGE_VERSIONS = """\
 from importlib.metadata import PackageNotFoundError, version
-names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl", "jax", "jaxlib", "flax", "optax"]
+names = ["torch", "gymnasium", "numpy", "mujoco", "envpool", "tensordict", "torchrl", "stable-baselines3", "jax",
+         "jaxlib", "flax", "optax"]
 found = []
 for name in names:
     try:
@@ -342,11 +423,32 @@ def git_show(repo_dir, commit, path):
     ).stdout
 
 
+def option(side):
+    """The name of `side`'s clone option and of its key in check_clones's answer: "sb3_contrib" for SB3-contrib."""
+    return side.lower().replace("-", "_")
+
+
+def script_path(side, name):
+    """`side`'s script `name` (no .py) as its repository names it; a library's driver by its own name."""
+    return f"{REFERENCE_REPOS[side][2]}/{name}.py" if REFERENCE_REPOS[side][2] else f"{name}.py"
+
+
+def support_files(side, repo_dir):
+    """The repository files `side`'s script imports, a folder standing for every file under it."""
+    _, commit, _, support = REFERENCE_REPOS[side]
+    if not support:  # ls-tree without paths would list every file
+        return []
+    listed = ["git", "-C", repo_dir, "ls-tree", "-r", "--name-only", commit, "--", *support]
+    return subprocess.run(listed, capture_output=True, text=True, check=True).stdout.split()
+
+
 def reference_script(side, name, repo_dir):
     """(its path in the repository, the patched text, the patches' reasons) of `side`'s script `name` (no .py),
-    read at the pinned commit from `repo_dir` (a clone or mirror of the repository)."""
+    read at the pinned commit from `repo_dir` (a clone or mirror of the repository); a library's: our driver."""
     _, commit, scripts, _ = REFERENCE_REPOS[side]
-    path = f"{scripts}/{name}.py"
+    path = script_path(side, name)
+    if side in DRIVERS:
+        return path, DRIVERS[side][name], [f"{name}.py: the driver in benchmarks/references.py, its package beside it"]
     text = git_show(repo_dir, commit, path)
     prelude, reasons = (
         GYMNASIUM_029_SHIM,
@@ -368,11 +470,13 @@ def reference_script(side, name, repo_dir):
 def write_reference(side, name, repo_dir, workdir):
     """Puts `side`'s patched script `name`, the repository files it imports and the wandb stand-in into `workdir`;
     returns (the script's path there, a record: repository, commit, script, patches)."""
-    repository, commit, _, support = REFERENCE_REPOS[side]
+    repository, commit, scripts, _ = REFERENCE_REPOS[side]
     path, text, patches = reference_script(side, name, repo_dir)
-    _, _, scripts, _ = REFERENCE_REPOS[side]
     # a file of the scripts' own folder goes beside the script, which imports it by its name
-    beside = [(os.path.relpath(file, scripts) if file.startswith(f"{scripts}/") else file, file) for file in support]
+    beside = [
+        (os.path.relpath(file, scripts) if scripts and file.startswith(f"{scripts}/") else file, file)
+        for file in support_files(side, repo_dir)
+    ]
     files = [(os.path.basename(path), text), *[(name, git_show(repo_dir, commit, file)) for name, file in beside]]
     files.append(("wandb.py", WANDB_LOG_STUB))
     if side == "FastTD3":
@@ -395,7 +499,7 @@ def check_clone(side, clone):
     """None when `clone` holds `side`'s pinned commit, else the one line that says what is wrong."""
     repository, commit, _, _ = REFERENCE_REPOS[side]
     if subprocess.run(["git", "-C", clone, "cat-file", "-e", commit], capture_output=True).returncode:
-        return f"--{side.lower()} {clone}: not a clone of {repository} with {commit[:8]}"
+        return f"--{option(side).replace('_', '-')} {clone}: not a clone of {repository} with {commit[:8]}"
     return None
 
 
@@ -407,11 +511,11 @@ def check_clones(parser, args, required):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     clones = {}
     for side, (repository, _, _, _) in REFERENCE_REPOS.items():
-        clone = getattr(args, side.lower())
+        clone = getattr(args, option(side))
         if not clone and side in required:
-            parser.error(f"--{side.lower()} CLONE is needed: a clone of {repository}")
+            parser.error(f"--{option(side).replace('_', '-')} CLONE is needed: a clone of {repository}")
         if clone and (problem := check_clone(side, clone)):
             parser.error(problem)
         if clone:
-            clones[side.lower()] = clone
+            clones[option(side)] = clone
     return clones

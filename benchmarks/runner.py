@@ -101,6 +101,9 @@ def add_arguments(parser):
     parser.add_argument("--leanrl", metavar="CLONE", help="a clone of pytorch-labs/LeanRL")
     parser.add_argument("--cleanrl", metavar="CLONE", help="a clone of vwxyzjn/cleanrl")
     parser.add_argument("--fasttd3", metavar="CLONE", help="a clone of younggyoseo/FastTD3")
+    parser.add_argument(
+        "--sb3-contrib", metavar="CLONE", help="a clone of Stable-Baselines-Team/stable-baselines3-contrib"
+    )
     parser.add_argument("--reference-python", default=sys.executable, help="the Python that runs the references")
     parser.add_argument("--jax-python", help="the Python that runs the JAX scripts (requirements/requirements-jax.txt)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

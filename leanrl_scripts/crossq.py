@@ -125,7 +125,9 @@ class BatchRenorm(nn.Module):
 
     def forward(self, x):
         if self.training:
-            mean, var = x.mean(0), x.var(0)
+            mean = x.mean(0)
+            # the unbiased variance as a sum: x.var(0) reduces across rows an order of magnitude slower on a CPU
+            var = (x - mean).square().sum(0) / (len(x) - 1)
             running_std = (self.running_var + self.eps).sqrt()
             # a tensor condition, not a branch: no host sync; in warm-up r=1, d=0 is plain batch norm
             renorm = self.steps > self.warmup_steps
