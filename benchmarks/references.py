@@ -309,6 +309,7 @@ def fasttd3_flags(flags, cuda=False, mode="eager"):
 # used: every flag is given.
 SB3_CONTRIB_CROSSQ = """\
 import argparse
+import json
 import time
 
 import torch
@@ -370,6 +371,13 @@ model = CrossQ(
 )
 model.learn(args.total_timesteps, callback=Log())
 writer.close()
+# the settings the class ran with, read back from it
+norm = model.policy.batch_norm_params
+ran = dict(lr=model.learning_rate, buffer=model.buffer_size, starts=model.learning_starts, batch=model.batch_size)
+ran.update(gamma=model.gamma, delay=model.policy_delay, critic=model.policy.critic_kwargs["net_arch"])
+ran.update(actor=model.policy.actor_kwargs["net_arch"], betas=model.critic.optimizer.defaults["betas"])
+ran.update(momentum=norm["batch_norm_momentum"], warmup=norm["renorm_warmup_steps"], envs=envs.num_envs)
+print("SB3-contrib CrossQ ran with", json.dumps(ran))
 """
 # the drivers of the libraries' classes, by library and name
 DRIVERS = {"SB3-contrib": {"crossq": SB3_CONTRIB_CROSSQ}}

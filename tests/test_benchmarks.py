@@ -908,6 +908,68 @@ def test_the_comparison_runs_fasttd3s_train_py_with_our_settings_under_its_names
     assert "| 202 (compile, its default threads) | - | - | 70 (eager, 1 thread) | - | - | 2.89x |" in table
 
 
+FAKE_SB3_CONTRIB_DRIVER = """\
+# stands in for the driver of SB3-contrib's CrossQ: the package put beside it imported, our flags taken, its
+# returns and its SPS points to TensorBoard, 60 steps a second by the points' wall times
+import argparse
+import os
+
+import sb3_contrib
+from torch.utils.tensorboard import SummaryWriter
+
+assert sb3_contrib.PINNED and os.path.dirname(sb3_contrib.__file__) == os.path.join(os.path.dirname(__file__), "sb3_contrib")
+parser = argparse.ArgumentParser()
+for flag in ("--env-id", "--total-timesteps", "--learning-starts", "--critic-hidden-dim", "--seed"):
+    parser.add_argument(flag)
+args = parser.parse_args()
+assert args.env_id == "Pendulum-v1" and args.critic_hidden_dim == "64"
+writer = SummaryWriter("runs/fake")
+for step in range(100, int(args.total_timesteps) + 1, 100):
+    writer.add_scalar("charts/SPS", 1.0, step, walltime=1e9 + step / 60)
+    writer.add_scalar("charts/episodic_return", -step / 10 + int(args.seed), step)
+writer.close()
+"""
+
+
+def test_sb3_contribs_class_runs_through_our_driver_in_the_comparison_and_the_learning_benchmark(
+    fake_sides, tmp_path, monkeypatch
+):
+    """A row or task naming SB3-contrib: the driver (a stand-in here) runs beside its package, read from a (fake)
+    clone at the pinned commit, with our flags and seed; the comparison runs it eager at one and two threads, its SPS
+    from its points' wall times after learning starts, with its column and ratio, and leaves it out without
+    --sb3-contrib; the learning benchmark keeps its curve as a record with the commit."""
+    files = {"sb3_contrib/__init__.py": "PINNED = True\n", "sb3_contrib/crossq/__init__.py": ""}
+    commit = fake_repository(tmp_path / "sb3", files, "SB3-contrib", monkeypatch)
+    monkeypatch.setitem(references.REFERENCE_REPOS, "SB3-contrib", ("fake/SB3-contrib", commit, "", ["sb3_contrib"]))
+    monkeypatch.setitem(references.DRIVERS["SB3-contrib"], "crossq", FAKE_SB3_CONTRIB_DRIVER)
+    budget = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000", "--learning-starts", "200"]
+    row = {"script": "fake.py", "flags": ["--critic-hidden-dim", "64"], "sb3_contrib": "crossq", "quick": budget}
+    task = {**row, "smoke": budget, "score": -50, "references": [["SB3-contrib", "crossq"]]}
+    monkeypatch.setattr(runner, "settings", lambda: {"rows": {"fake": row}, "tasks": {"fake": task}})
+    order = [run[1:5] for run in compare.plan(runner.settings()["rows"], ["fake"], rounds=1, cuda=False)]
+    assert [run for run in order if run[0] == "sb3_contrib"] == [
+        ("sb3_contrib", "crossq", "eager", 1), ("sb3_contrib", "crossq", "eager", 2)
+    ]  # fmt: skip
+    _, argv = fake_sides
+    argv += ["--profile", "quick", "--rounds", "1", "--sides", "ours,sb3_contrib", "--headline"]
+    monkeypatch.setattr(sys, "argv", argv)
+    compare.main()
+    assert not any(r["side"] == "sb3_contrib" for r in compare.load_runs(tmp_path / "results" / "runs.jsonl"))
+    monkeypatch.setattr(sys, "argv", argv + ["--sb3-contrib", str(tmp_path / "sb3")])
+    compare.main()
+    (record,) = [r for r in compare.load_runs(tmp_path / "results" / "runs.jsonl") if r["side"] == "sb3_contrib"]
+    assert record["sps"] == pytest.approx(60.0) and record["commit"] == commit and record["threads"] == 1
+    assert record["script_path"] == "crossq.py" and "the driver in benchmarks/references.py" in record["patches"][0]
+    table = (tmp_path / "results" / "compare.md").read_text()
+    assert "| SB3-contrib: best | ours / LeanRL | ours / CleanRL | ours / SB3-contrib |" in table
+    assert "| 202 (compile, its default threads) | - | - | 60 (eager, 1 thread) | - | - | 3.37x |" in table
+    folder = tmp_path / "learning"
+    learning.run_task("fake", 2, "smoke", str(folder), sys.executable, "SB3-contrib", str(tmp_path / "sb3"), sys.executable)
+    sb3 = json.loads((folder / "runs" / "fake__sb3-contrib__seed2.json").read_text())
+    assert sb3["commit"] == commit and sb3["command"].split()[1:4] == ["crossq.py", "--critic-hidden-dim", "64"]
+    assert sb3["curve"]["steps"][-1] == 1000 and sb3["curve"]["returns"][-1] == -100 + 2 and sb3["episodes"] == 10
+
+
 def test_the_readme_speed_tables_are_the_results_files():
     """The README's comparison and learning tables are what `benchmarks/collect.py --readme` makes of the results
     files: a number typed by hand, or results that changed without the README, fail here."""
@@ -944,7 +1006,7 @@ def test_the_real_clones_patch_cleanly_and_their_dqn_runs_give_a_steady_sps():
         (side.split("-")[0], name)
         for task in table["tasks"].values()
         for side, name in task.get("references", [])
-        if side != "FastTD3"  # its own test below
+        if side not in ("FastTD3", "SB3-contrib")  # their own tests below
     ]
     assert ("CleanRL", "ppo_atari_envpool_xla_jax_scan") in named and ("LeanRL", "dqn_jax") in named
     for side, name in set(named):
@@ -1019,3 +1081,31 @@ def test_fasttd3s_train_py_patches_cleanly_and_runs_a_gymnasium_task(tmp_path):
         is_a_pendulum_return(row["episode_return"]) for row in returns
     )
     assert speeds and all(row["speed"] > 0 for row in speeds)
+
+
+def test_sb3_contribs_crossq_runs_through_the_driver_with_our_settings(tmp_path):
+    """SB3-contrib's CrossQ, where a clone is given (SB3_CONTRIB_CLONE) and stable-baselines3 is installed: its package
+    read at the pinned commit; on Pendulum-v1 (episodes of 200 steps) the driver trains the class with every setting
+    of ours as given, read back from the class, and logs each episode's return and its SPS to TensorBoard."""
+    clone = os.environ.get("SB3_CONTRIB_CLONE")
+    if not clone:
+        pytest.skip("no clone of SB3-contrib: set SB3_CONTRIB_CLONE to one (a plain git clone) to run this test")
+    pytest.importorskip("stable_baselines3", reason="SB3-contrib's CrossQ needs stable-baselines3")
+    if problem := references.check_clone("SB3-contrib", clone):
+        pytest.fail(problem)
+    path, record = references.write_reference("SB3-contrib", "crossq", clone, str(tmp_path))
+    assert record["commit"] == references.REFERENCE_REPOS["SB3-contrib"][1]
+    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32"]
+    flags += ["--critic-hidden-dim", "64", "--buffer-size", "1000", "--learning-rate", "3e-4", "--gamma", "0.98"]
+    flags += ["--policy-delay", "2", "--batch-renorm-momentum", "0.02", "--batch-renorm-warmup", "300", "--seed", "3"]
+    proc = subprocess.run([sys.executable, path, *flags], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = json.loads(proc.stdout.split("SB3-contrib CrossQ ran with ", 1)[1])
+    assert ran == {
+        "lr": 3e-4, "buffer": 1000, "starts": 200, "batch": 32, "gamma": 0.98, "delay": 2, "critic": [64, 64],
+        "actor": [256, 256], "betas": [0.5, 0.999], "momentum": 0.02, "warmup": 300, "envs": 1,
+    }  # fmt: skip
+    logged = runner.Logs(str(tmp_path)).read()
+    assert [step for step, _, _ in logged["charts/episodic_return"]] == [200, 400, 600]
+    assert all(is_a_pendulum_return(value) for _, _, value in logged["charts/episodic_return"])
+    assert [step for step, _, _ in logged["charts/SPS"]] == list(range(100, 601, 100))
