@@ -126,7 +126,7 @@ class BatchRenorm(nn.Module):
     def forward(self, x):
         if self.training:
             mean = x.mean(0)
-            # the unbiased variance as a sum: x.var(0) reduces across rows an order of magnitude slower on a CPU
+            # unbiased, as a sum: x.var(0) reduces across rows ten times slower on a CPU
             var = (x - mean).square().sum(0) / (len(x) - 1)
             running_std = (self.running_var + self.eps).sqrt()
             # a tensor condition, not a branch: no host sync; in warm-up r=1, d=0 is plain batch norm
@@ -316,8 +316,8 @@ if __name__ == "__main__":
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} must hold at least one batch (--batch-size {args.batch_size})")
     device = run.device
-    # the cores idle at start: a second thread pays on an idle machine, not beside busy processes; the batch's
-    # activations (256 kB a layer, above glibc's mmap threshold) kept by the heap, not faulted in again each update
+    # the cores idle at start: a second thread pays on an idle machine, not beside busy processes; each update's
+    # activations, above glibc's mmap threshold, stay in the heap instead of being faulted in anew
     run.tune_cpu(threads="idle", keep_freed_memory=True)
 
     envs = make_envs(args.env_id, args.num_envs)

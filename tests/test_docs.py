@@ -36,6 +36,7 @@ OTHER_COMMANDS = {
     "--cleanrl",
     "--leanrl",
     "--fasttd3",
+    "--sb3-contrib",
     "--reference-python",
     "--jax-python",
     "--until-score",
