@@ -869,6 +869,19 @@ for step in range(0, 1000, 100):
 """
 
 
+def compare_without_then_with_the_clone(argv, side, clone, tmp_path, monkeypatch):
+    """compare.main() run for ours and `side` without `side`'s clone (its runs left out), then with it: `side`'s one
+    record."""
+    argv = [*argv, "--profile", "quick", "--rounds", "1", "--sides", f"ours,{side}", "--headline"]
+    monkeypatch.setattr(sys, "argv", argv)
+    compare.main()
+    assert not any(r["side"] == side for r in compare.load_runs(tmp_path / "results" / "runs.jsonl"))
+    monkeypatch.setattr(sys, "argv", argv + [f"--{side.replace('_', '-')}", str(clone)])
+    compare.main()
+    (record,) = [r for r in compare.load_runs(tmp_path / "results" / "runs.jsonl") if r["side"] == side]
+    return record
+
+
 def test_the_comparison_runs_fasttd3s_train_py_with_our_settings_under_its_names(fake_sides, tmp_path, monkeypatch):
     """A row naming `fasttd3`: FastTD3's train.py (a fake clone) runs eager and compiled at one and two threads,
     its own module put beside it, our flags under its names; its SPS is the speed it logs; the table gets its column
@@ -891,14 +904,7 @@ def test_the_comparison_runs_fasttd3s_train_py_with_our_settings_under_its_names
         ("fasttd3", "train", "eager", 1), ("fasttd3", "train", "eager", 2),
         ("fasttd3", "train", "compile", 1), ("fasttd3", "train", "compile", 2),
     ]  # fmt: skip
-    _, argv = fake_sides
-    argv += ["--profile", "quick", "--rounds", "1", "--sides", "ours,fasttd3", "--headline"]
-    monkeypatch.setattr(sys, "argv", argv)
-    compare.main()
-    assert not any(r["side"] == "fasttd3" for r in compare.load_runs(tmp_path / "results" / "runs.jsonl"))
-    monkeypatch.setattr(sys, "argv", argv + ["--fasttd3", str(tmp_path / "fasttd3")])
-    compare.main()
-    (record,) = [r for r in compare.load_runs(tmp_path / "results" / "runs.jsonl") if r["side"] == "fasttd3"]
+    record = compare_without_then_with_the_clone(fake_sides[1], "fasttd3", tmp_path / "fasttd3", tmp_path, monkeypatch)
     assert record["sps"] == 70.0 and record["commit"] == commit and record["threads"] == 1
     words = record["command"].split()
     given = {word: words[i + 1] for i, word in enumerate(words[:-1]) if word.startswith("--")}
@@ -951,14 +957,7 @@ def test_sb3_contribs_class_runs_through_our_driver_in_the_comparison_and_the_le
     assert [run for run in order if run[0] == "sb3_contrib"] == [
         ("sb3_contrib", "crossq", "eager", 1), ("sb3_contrib", "crossq", "eager", 2)
     ]  # fmt: skip
-    _, argv = fake_sides
-    argv += ["--profile", "quick", "--rounds", "1", "--sides", "ours,sb3_contrib", "--headline"]
-    monkeypatch.setattr(sys, "argv", argv)
-    compare.main()
-    assert not any(r["side"] == "sb3_contrib" for r in compare.load_runs(tmp_path / "results" / "runs.jsonl"))
-    monkeypatch.setattr(sys, "argv", argv + ["--sb3-contrib", str(tmp_path / "sb3")])
-    compare.main()
-    (record,) = [r for r in compare.load_runs(tmp_path / "results" / "runs.jsonl") if r["side"] == "sb3_contrib"]
+    record = compare_without_then_with_the_clone(fake_sides[1], "sb3_contrib", tmp_path / "sb3", tmp_path, monkeypatch)
     assert record["sps"] == pytest.approx(60.0) and record["commit"] == commit and record["threads"] == 1
     assert record["script_path"] == "crossq.py" and "the driver in benchmarks/references.py" in record["patches"][0]
     table = (tmp_path / "results" / "compare.md").read_text()
