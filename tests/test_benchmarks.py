@@ -244,7 +244,7 @@ def test_run_sh_smoke_produces_a_table_for_every_script(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = runner.settings()["rows"]
     names = [name for name in rows if "tool" not in rows[name]]
-    assert len(names) == 21 and proc.stdout.count("| eager") == len(names)
+    assert len(names) == 22 and proc.stdout.count("| eager") == len(names)
     for name in names:
         run, flags = json.loads((tmp_path / f"{name}__eager.json").read_text()), runner.flags(rows, name, "smoke")
         assert run["mode"] == "eager" and run["sps"] > 0 and run["script"] == rows[name]["script"]
