@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce every speed table: every row in every mode (benchmarks/speed.py; one algorithm's rows with --group),
 # then the collector; or, with --learning, the learning curves over seeds (benchmarks/learning.py); or, with
-# --compare, ours beside LeanRL's and CleanRL's scripts (benchmarks/compare.py). Every one of them reads its
-# settings from benchmarks/settings.toml.
+# --compare, ours beside LeanRL's and CleanRL's scripts (benchmarks/compare.py); or, with --tune, a hyperparameter
+# sweep (benchmarks/tune.py). Every one of them reads its settings from benchmarks/settings.toml.
 set -euo pipefail
 usage() {
     cat <<'TEXT'
@@ -13,6 +13,8 @@ usage: ./run.sh [--group NAME] [--quick | --smoke] [--results FOLDER]
                [--reference-python PY] [--jax-python PY] [--rounds N] [--budget-minutes M] [--run-timeout S] [--sides LIST] [--only LIST] [--headline]
                [--quick | --smoke] [--results FOLDER]
        any of them with --dry-run: print the commands it would run, run nothing
+       ./run.sh --tune STUDY [--space FILE] [--trials N] [--workers N] [--storage URL] [...]
+               (benchmarks/tune.py --help: a study of settings.toml or FILE, in Optuna; docs/tuning.md)
 Runs every script in every speed mode (benchmarks/speed.py), then writes the tables and the chart; with
 --learning, runs each script's learning task over seeds instead (benchmarks/learning.py) and writes the
 curves, the table of final returns and a chart per task into FOLDER/learning.
@@ -55,6 +57,11 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
 TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
+if [ "${1:-}" = --tune ]; then  # every word after it is the tuner's
+    shift
+    cd "$(dirname "$0")"
+    exec "${PYTHON:-python}" benchmarks/tune.py "$@"
+fi
 export BENCH_PROFILE=full
 learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=() dry_run=() group=()
 while [ $# -gt 0 ]; do

@@ -14,6 +14,7 @@ way to run a script, stop it with its children and read the summary it wrote.
 """
 
 import contextlib
+import ctypes
 import functools
 import glob
 import json
@@ -130,13 +131,23 @@ class Ended(NamedTuple):
     stopped: str | None  # why it was stopped before its end, None where it ended by itself
 
 
+def die_with_parent():
+    """In a child, before it starts: SIGTERM to it once the process that started it is gone, however that went, a
+    SIGKILL too (Linux; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def run(command, workdir, env=None, limit=None, stop_when=None, poll_seconds=30):
     """Runs `command` in `workdir` in a process group of its own, to its end; stops it once it has run `limit`
     seconds or `stop_when()` (asked every `poll_seconds`) gives a reason: SIGTERM to its process group (ours then
-    writes its summary), SIGKILL a minute later. Whatever it started dies with it, on Ctrl-C too."""
+    writes its summary), SIGKILL a minute later. Whatever it started dies with it: on Ctrl-C it is stopped so too
+    (SIGKILL after 30 s), and where this process is killed, it gets a SIGTERM."""
     with open(os.path.join(workdir, "stdout.txt"), "w+") as out, open(os.path.join(workdir, "stderr.txt"), "w+") as err:
         started, stopped = time.time(), None
-        proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True, preexec_fn=die_with_parent
+        )
         try:
             while stopped is None:
                 waits = [poll_seconds] if stop_when else []
@@ -152,6 +163,12 @@ def run(command, workdir, env=None, limit=None, stop_when=None, poll_seconds=30)
                 os.killpg(proc.pid, signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=60)
+        except BaseException:  # Ctrl-C: the run stopped as above, its summary written, unless a second one comes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            raise
         finally:
             with contextlib.suppress(ProcessLookupError):  # the group outlives its leader while a child lives
                 os.killpg(proc.pid, signal.SIGKILL)

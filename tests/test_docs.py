@@ -11,7 +11,7 @@ import pytest
 from script_runs import ALL_SCRIPTS, ROOT, run_script
 
 # Flags of the other commands the pages show: ray start and stop, run.sh, tensorboard, benchmarks/threads.py,
-# benchmarks/collect.py, benchmarks/learning.py, torchrun, pytest (this suite's --break-learner).
+# benchmarks/collect.py, benchmarks/learning.py, benchmarks/tune.py, torchrun, pytest (this suite's --break-learner).
 OTHER_COMMANDS = {
     "--standalone",
     "--nproc-per-node",
@@ -52,6 +52,14 @@ OTHER_COMMANDS = {
     "--dry-run",
     "--group",
     "--durations",  # pytest's
+    "--tune",  # run.sh's, and benchmarks/tune.py's own
+    "--space",
+    "--trials",
+    "--workers",
+    "--storage",
+    "--objective",
+    "--pruner",
+    "--poll-seconds",
 }
 # "Flags every script has", but for these scripts, whose row names what they have instead.
 EXCEPT_IN = {"--num-envs": {"impala_ray.py", "ppo_atari_multigpu.py"}}  # actors; --local-num-envs per process

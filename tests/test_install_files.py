@@ -20,7 +20,7 @@ def test_pyproject_extras_match_the_requirements_files():
         project = tomllib.load(f)["project"]
     assert sorted(project["dependencies"]) == requirements("requirements.txt")
     extras = project["optional-dependencies"]
-    for extra in ("mujoco", "dm-control", "atari", "envpool", "ray", "video", "wandb", "dev"):
+    for extra in ("mujoco", "dm-control", "atari", "envpool", "ray", "video", "wandb", "tune", "dev"):
         assert sorted(extras[extra]) == requirements(f"requirements-{extra}.txt"), extra
     assert set(re.findall(r"[\w-]+", extras["all"][0].split("[")[1])) == {
         "mujoco",
@@ -30,6 +30,7 @@ def test_pyproject_extras_match_the_requirements_files():
         "ray",
         "video",
         "wandb",
+        "tune",
         "dev",
     }
     for requirement in sum((extras[e] for e in extras if e != "all"), project["dependencies"]):
