@@ -480,9 +480,11 @@ def main():
             sys.exit(stop.args[0] if stop.args else 130)
     else:
         open_study(args.study, study, storage)  # made once, before the workers race to make it
+        # sessions of their own, out of the terminal's reach: a Ctrl-C comes to them once, passed on from here
         workers = [subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TUNE_WORKER": "1"},
-                                    preexec_fn=runner.die_with_parent) for _ in range(args.workers)]  # fmt: skip
-        for signum in (signal.SIGINT, signal.SIGTERM):  # passed on to the workers, which stop their trials
+                                    start_new_session=True, preexec_fn=runner.die_with_parent)
+                   for _ in range(args.workers)]  # fmt: skip
+        for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda signum, _: [worker.send_signal(signum) for worker in workers])
         if codes := [code for code in [worker.wait() for worker in workers] if code]:
             sys.exit(codes[0])

@@ -249,6 +249,27 @@ def test_a_stopped_or_killed_worker_leaves_nothing_running_and_the_study_resumes
     assert sorted(os.listdir(tmp_path / "results" / "fake")) == [f"trial-{n}" for n in range(5)]
 
 
+def test_a_ctrl_c_stops_every_worker_of_the_command_and_their_runs_once(tmp_path):
+    """--workers 2, Ctrl-C to the command: each worker stops its run (which writes its summary) and marks its trial
+    failed; the command exits with 130 and nothing it started is left running."""
+    write_study(tmp_path, trials=4, flags=["--total-timesteps", "2000", "--step-seconds", "0.1"])
+    env = {**os.environ, "FAKE_RUNS": str(tmp_path / "runs_count")}
+    command = subprocess.Popen(tune_command(tmp_path, "--workers", "2"), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for trial in (0, 1):
+        wait_for(tmp_path / f"results/fake/trial-{trial}/A__seed1/pid")
+    time.sleep(0.5)
+    command.send_signal(signal.SIGINT)
+    _, stderr = command.communicate(timeout=60)
+    assert command.returncode == 130
+    assert stderr.splitlines() == ["stopped by SIGINT: the running trial will run again"] * 2, stderr
+    assert [t.state.name for t in trials(tmp_path)] == ["FAIL", "FAIL"]
+    for trial in (0, 1):
+        folder = tmp_path / f"results/fake/trial-{trial}/A__seed1"
+        summary = json.loads(next(folder.glob("runs/*/summary.json")).read_text())
+        assert summary["stopped"] and not os.path.exists(f"/proc/{summary['pid']}")
+
+
 def test_a_study_started_with_other_settings_is_refused(tmp_path):
     write_study(tmp_path, trials=1)
     assert tune(tmp_path).returncode == 0
