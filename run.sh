@@ -57,10 +57,9 @@ curves, the table of final returns and a chart per task into FOLDER/learning.
 TEXT
 }
 refuse() { echo "error: $1" >&2; usage >&2; exit 2; }
-if [ "${1:-}" = --tune ]; then  # every word after it is the tuner's
+if [ "${1:-}" = --tune ]; then  # every word after it is the tuner's; its paths from where it is called
     shift
-    cd "$(dirname "$0")"
-    exec "${PYTHON:-python}" benchmarks/tune.py "$@"
+    exec "${PYTHON:-python}" "$(dirname "$0")/benchmarks/tune.py" "$@"
 fi
 export BENCH_PROFILE=full
 learning=0 compare=0 seeds=3 seeds_given=0 references=() compare_args=() learning_args=() dry_run=() group=()

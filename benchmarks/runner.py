@@ -131,11 +131,15 @@ class Ended(NamedTuple):
     stopped: str | None  # why it was stopped before its end, None where it ended by itself
 
 
-def die_with_parent():
-    """In a child, before it starts: SIGTERM to it once the process that started it is gone, however that went, a
-    SIGKILL too (Linux; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+@functools.cache
+def dies_with_parent():
+    """What a child calls before it starts (Popen's preexec_fn) to get a SIGTERM once the process that started it is
+    gone, however that went, a SIGKILL too; None off Linux. prctl is looked up here, in the parent: loading a library
+    in a child forked from a process with threads can deadlock."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None).prctl
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def run(command, workdir, env=None, limit=None, stop_when=None, poll_seconds=30):
@@ -146,7 +150,7 @@ def run(command, workdir, env=None, limit=None, stop_when=None, poll_seconds=30)
     with open(os.path.join(workdir, "stdout.txt"), "w+") as out, open(os.path.join(workdir, "stderr.txt"), "w+") as err:
         started, stopped = time.time(), None
         proc = subprocess.Popen(
-            command, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True, preexec_fn=die_with_parent
+            command, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True, preexec_fn=dies_with_parent()
         )
         try:
             while stopped is None:

@@ -44,11 +44,13 @@ and Optuna's charts of the study as PNG files beside it.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -97,25 +99,62 @@ def definition(name, space_file=None):
         refuse(f"{path}: {error}")
     if name not in studies:
         refuse(f"no study '{name}' in {os.path.relpath(path)} (its studies: {', '.join(studies) or 'none'})")
+    if not isinstance(studies[name], dict):
+        refuse(f"study {name}: a table [studies.{name}] of keys")
     study = {**DEFAULTS, **studies[name]}
     if unknown := set(study) - KEYS:
         refuse(f"study {name}: unknown keys {', '.join(sorted(unknown))} (known: {', '.join(sorted(KEYS))})")
     if not os.path.isfile(os.path.join(runner.ROOT, "leanrl_scripts", str(study.get("script")))):
-        refuse(f"study {name}: `script` must name a file of leanrl_scripts/ (or a script's path)")
-    pairs = list(study.get("envs", {}).values())
+        refuse(f"study {name}: `script` must name a file of leanrl_scripts/ (or a script's absolute path)")
+    if not isinstance(study["flags"], list) or not all(isinstance(word, str) for word in study["flags"]):
+        refuse(f'study {name}: `flags` must be words as on a command line, numbers too: ["--total-timesteps", "500"]')
+    envs = study.get("envs")
+    pairs = list(envs.values()) if isinstance(envs, dict) else []
     numbers = all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, int | float) for x in pair)
                   for pair in pairs)  # fmt: skip
     if not pairs or not numbers or not all(low < high for low, high in pairs):
         refuse(f"study {name}: `envs` must give each env id its [low, high] returns, low below high")
+    if not isinstance(study["seeds"], list) or not study["seeds"] or not all(type(x) is int for x in study["seeds"]):
+        refuse(f"study {name}: `seeds` must be a list of whole numbers")
+    numbers = {"window": int, "eval_episodes": int, "trials": int, "startup_trials": int, "max_minutes": float,
+               "report_every": float}  # fmt: skip
+    for key, kind in numbers.items():
+        value, zero_too = study[key], key.endswith("trials")
+        if value is None and DEFAULTS[key] is None:
+            continue
+        if type(value) not in (int, kind) or value < 0 or (value == 0 and not zero_too):
+            whole = "whole " if kind is int else ""
+            refuse(f"study {name}: `{key}` must be a {whole}number, {'0 or more' if zero_too else 'more than 0'}")
+    if not isinstance(study.get("space", {}), dict):
+        refuse(f"study {name}: `space` must be a table of flags")
     for flag, choice in study.get("space", {}).items():
-        ranged = isinstance(choice, dict) and {"low", "high"} <= set(choice) <= {"low", "high", "log", "step"}
-        if not ranged and not (isinstance(choice, dict) and set(choice) == {"choices"}):
-            refuse(f"study {name}: {flag} needs {{low, high}} (and log or step) or {{choices}}")
+        try:
+            distribution(choice)
+        except (TypeError, ValueError) as error:
+            refuse(f"study {name}: {flag}: {error} (a flag takes {{low, high}}, with log = true or a step, or "
+                   "{choices = [...]})")  # fmt: skip
     return study
+
+
+def distribution(choice):
+    """Optuna's distribution for a flag of the space: {choices}, or {low, high} with log or step (integers: an integer
+    flag); a ValueError or TypeError for anything else."""
+    if not isinstance(choice, dict):
+        raise TypeError("not a table")
+    if set(choice) == {"choices"}:
+        return optuna.distributions.CategoricalDistribution(choice["choices"])
+    if not {"low", "high"} <= set(choice) <= {"low", "high", "log", "step"}:
+        raise ValueError(f"keys {', '.join(sorted(choice))}")
+    log, step = choice.get("log", False), choice.get("step")
+    if all(type(choice.get(key, 1)) is int for key in ("low", "high", "step")):
+        return optuna.distributions.IntDistribution(choice["low"], choice["high"], log=log, step=step or 1)
+    return optuna.distributions.FloatDistribution(choice["low"], choice["high"], log=log, step=step)
 
 
 def check(study, name):
     """The settings that only make sense together; report_every filled in."""
+    if study["objective"] not in OBJECTIVES or study["pruner"] not in PRUNERS:
+        refuse(f"study {name}: objective must be one of {', '.join(OBJECTIVES)}, pruner one of {', '.join(PRUNERS)}")
     if given := {"--env-id", "--seed"} & set(study["flags"]) | {"--env-id", "--seed"} & set(study.get("space", {})):
         refuse(f"study {name}: {' and '.join(sorted(given))} come from `envs` and `seeds`, not from flags")
     if study["objective"] == "seconds" and not study["max_minutes"]:
@@ -123,30 +162,35 @@ def check(study, name):
     if study["pruner"] != "none" and study["objective"] == "seconds":
         study["report_every"] = study["report_every"] or study["max_minutes"] * 60 / 20
     elif study["pruner"] != "none":
-        if "--total-timesteps" not in study["flags"]:
-            refuse(f"study {name}: pruning compares trials at the same steps: give --total-timesteps in `flags`")
-        budget = int(study["flags"][study["flags"].index("--total-timesteps") + 1])
-        study["report_every"] = study["report_every"] or max(budget // 10, 1)
+        flags = study["flags"]
+        budget = flags[flags.index("--total-timesteps") + 1] if "--total-timesteps" in flags[:-1] else ""
+        if not budget.isdigit():
+            refuse(f"study {name}: pruning compares trials at the same steps: give --total-timesteps N in `flags`")
+        study["report_every"] = study["report_every"] or max(int(budget) // 10, 1)
 
 
 def suggest(trial, space):
     """The trial's flags, each drawn from its range or its choices."""
     for flag, choice in space.items():
-        if "choices" in choice:
-            trial.suggest_categorical(flag, choice["choices"])
-        elif all(isinstance(choice.get(key, 1), int) for key in ("low", "high", "step")):
-            trial.suggest_int(flag, choice["low"], choice["high"], step=choice.get("step", 1),
-                              log=choice.get("log", False))  # fmt: skip
+        drawn = distribution(choice)
+        if isinstance(drawn, optuna.distributions.CategoricalDistribution):
+            trial.suggest_categorical(flag, drawn.choices)
+        elif isinstance(drawn, optuna.distributions.IntDistribution):
+            trial.suggest_int(flag, drawn.low, drawn.high, step=drawn.step, log=drawn.log)
         else:
-            trial.suggest_float(flag, choice["low"], choice["high"], step=choice.get("step"),
-                                log=choice.get("log", False))  # fmt: skip
+            trial.suggest_float(flag, drawn.low, drawn.high, step=drawn.step, log=drawn.log)
     return flag_words(trial.params)
 
 
 def flag_words(params):
-    """A trial's parameters as flags: booleans as tyro takes them."""
-    return [word for flag, value in params.items() for word in (flag, str(value).lower() if isinstance(value, bool)
-            else str(value))]  # fmt: skip
+    """A trial's parameters as flags; a boolean as tyro takes it: --flag, or --no-flag."""
+    words = []
+    for flag, value in params.items():
+        if isinstance(value, bool):
+            words.append(flag if value else f"--no-{flag.removeprefix('--')}")
+        else:
+            words += [flag, str(value)]
+    return words
 
 
 def normalised(value, low_high):
@@ -172,13 +216,14 @@ def run_value(study, curve, summary, low_high, upto=None):
     return normalised(learning_tables.final_training_return(curve, study["window"]), low_high)
 
 
-class MedianOfLowerBounds(optuna.pruners.BasePruner if optuna else object):
-    """The seconds objective's pruner: a trial stops once its value so far, a lower bound that only grows, is above the
-    median of the complete trials' at the same point. (Optuna's MedianPruner takes a trial's best value so far: for a
-    lower bound, its first.)"""
+class MedianAtThePoint(optuna.pruners.BasePruner if optuna else object):
+    """Stops a trial whose value so far is worse than the median of the complete trials' at the same point, once
+    `startup_trials` have completed. Optuna's MedianPruner compares a trial's best value so far, which here would be an
+    earlier run's (its final value stands for the rest of it) or, for the seconds objective's lower bound that only
+    grows, the first."""
 
-    def __init__(self, startup_trials):
-        self.startup_trials = startup_trials
+    def __init__(self, startup_trials, minimize):
+        self.startup_trials, self.minimize = startup_trials, minimize
 
     def prune(self, study, trial):
         point = trial.last_step
@@ -186,7 +231,10 @@ class MedianOfLowerBounds(optuna.pruners.BasePruner if optuna else object):
             t.intermediate_values.get(point) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         ]
         done = [value for value in done if value is not None]
-        return len(done) >= max(self.startup_trials, 1) and trial.intermediate_values[point] > statistics.median(done)
+        if point is None or not done or len(done) < self.startup_trials:
+            return False
+        value, median = trial.intermediate_values[point], statistics.median(done)
+        return value > median if self.minimize else value < median
 
 
 class Objective:
@@ -203,8 +251,8 @@ class Objective:
         return [script, "--env-id", env_id, *self.study["flags"], *flags, "--eval-episodes", str(episodes)]
 
     def __call__(self, trial):
-        flags = suggest(trial, self.study.get("space", {}))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        flags = suggest(trial, self.study.get("space", {}))
         runs = [(env_id, seed) for env_id in self.study["envs"] for seed in self.study["seeds"]]
         values = []
         for index, (env_id, seed) in enumerate(runs):
@@ -220,18 +268,22 @@ class Objective:
         words = self.words(env_id, flags)
         words += [] if "--torch-threads" in words else ["--torch-threads", str(self.threads)]
         workdir = os.path.join(self.folder, self.name, f"trial-{trial.number}", f"{env_id}__seed{seed}")
-        os.makedirs(workdir, exist_ok=True)
+        shutil.rmtree(workdir, ignore_errors=True)  # a study's trial of that number, deleted with its database
+        os.makedirs(workdir)
         started = time.time()
         curve = Curve(workdir, started)
         # the report points: every report_every steps of the run (seconds: seconds since its command) to its end
         every, seconds = study["report_every"], study["objective"] == "seconds"
-        span = study["max_minutes"] * 60 if seconds else int(words[words.index("--total-timesteps") + 1])
-        points, reported = int(span // every) if every else 0, set()
+        points, reported = 0, set()
+        if every:
+            span = study["max_minutes"] * 60 if seconds else int(words[words.index("--total-timesteps") + 1])
+            points = int(round(span / every, 6))
 
         def report(logged, final=None):
-            """The trial's value so far at each point the run has passed and not reported yet; with `final` (the
-            run's value) at all of them, as it stands for the rest of the run."""
-            last = time.time() - started if seconds else max(logged["steps"], default=0)
+            """The trial's value so far at each point the run's events on disk have passed, not reported yet; with
+            `final` (the run's value) at all of them, as it stands for the rest of the run. Seconds: up to its last
+            episode's (a writer flushes every 10 events), so that a score reached is never hidden."""
+            last = max(logged["seconds" if seconds else "steps"], default=0)
             for k in range(1, points + 1):
                 if k in reported or (final is None and k * every >= last):
                     continue
@@ -267,7 +319,11 @@ class Objective:
             trial.set_user_attr("error", f"{env_id} seed {seed}: no value (no episode ended, or no evaluation)")
             raise RunFailed(trial.user_attrs["error"])
         if every:
-            report(logged, final=value)
+            # eval: the rest of the run at its training return, as every trial's points before the end
+            training = run_value({**study, "objective": "train"}, logged, summary, low_high)
+            report(logged, final=training if study["objective"] == "eval" else value)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"{env_id} seed {seed} at its end")
         return value
 
 
@@ -295,8 +351,11 @@ def fail_dead_trials(study):
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker_host, _, pid = trial.user_attrs.get("worker", "").rpartition(":")
         if worker_host == host and not os.path.exists(f"/proc/{pid}"):
-            study.tell(trial.number, state=TrialState.FAIL)
-            print(f"trial {trial.number}: its worker {trial.user_attrs['worker']} is gone; marked failed", flush=True)
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker was first
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+                print(
+                    f"trial {trial.number}: its worker {trial.user_attrs['worker']} is gone; marked failed", flush=True
+                )
 
 
 def counted(study):
@@ -309,17 +368,16 @@ def counted(study):
 def open_study(name, study, storage):
     """The study `name` in `storage`, made where missing; refused where it was started with other settings."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a trial's end is one line of ours
+    minimize = study["objective"] == "seconds"
     pruner = optuna.pruners.NopPruner()
-    if study["pruner"] == "hyperband":  # successive halving compares values at one point: a lower bound will do
+    if study["pruner"] == "hyperband":  # successive halving compares the values at one point: a lower bound will do
         pruner = optuna.pruners.HyperbandPruner()
-    elif study["pruner"] == "median" and study["objective"] == "seconds":
-        pruner = MedianOfLowerBounds(study["startup_trials"])
     elif study["pruner"] == "median":
-        pruner = optuna.pruners.MedianPruner(n_startup_trials=study["startup_trials"])
+        pruner = MedianAtThePoint(study["startup_trials"], minimize)
     opened = optuna.create_study(
         storage=storage_of(storage),
         study_name=name,
-        direction="minimize" if study["objective"] == "seconds" else "maximize",
+        direction="minimize" if minimize else "maximize",
         sampler=optuna.samplers.TPESampler(constant_liar=True),  # workers at once draw different points
         pruner=pruner,
         load_if_exists=True,
@@ -346,7 +404,12 @@ def work(name, study, storage, folder, trials, threads, poll_seconds):
         else:
             print(f"trial {trial.number}: failed: {trial.user_attrs.get('error')}", flush=True)
 
-    while counted(opened) < trials:
+    while True:
+        # a dead worker's trial, on any machine: failed two minutes after its last heartbeat (databases only), so
+        # that it no longer counts
+        optuna.storages.fail_stale_trials(opened)
+        if counted(opened) >= trials:
+            break
         opened.optimize(objective, n_trials=1, catch=(RunFailed,), callbacks=[said])
 
 
@@ -435,7 +498,8 @@ def stop_with(signum, _):
     a KeyboardInterrupt), not counted; a second stops it at once."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    print(f"stopped by {signal.Signals(signum).name}: the running trial will run again", file=sys.stderr, flush=True)
+    line = f"stopped by {signal.Signals(signum).name}: the running trial will run again\n"
+    os.write(sys.stderr.fileno(), line.encode())  # one write: whole beside another worker's
     raise KeyboardInterrupt(128 + signum)
 
 
@@ -476,20 +540,27 @@ def main():
         threads = max(1, (os.cpu_count() or 1) // args.workers)
         try:
             work(args.study, study, storage, folder, trials, threads, args.poll_seconds)
+            if not os.environ.get("TUNE_WORKER"):
+                page(args.study, study, storage, folder, sys.argv[1:])
         except KeyboardInterrupt as stop:
             sys.exit(stop.args[0] if stop.args else 130)
-    else:
-        open_study(args.study, study, storage)  # made once, before the workers race to make it
-        # sessions of their own, out of the terminal's reach: a Ctrl-C comes to them once, passed on from here
-        workers = [subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TUNE_WORKER": "1"},
-                                    start_new_session=True, preexec_fn=runner.die_with_parent)
-                   for _ in range(args.workers)]  # fmt: skip
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda signum, _: [worker.send_signal(signum) for worker in workers])
-        if codes := [code for code in [worker.wait() for worker in workers] if code]:
-            sys.exit(codes[0])
-    if not os.environ.get("TUNE_WORKER"):
-        page(args.study, study, storage, folder, sys.argv[1:])
+        return
+    fail_dead_trials(open_study(args.study, study, storage))  # made, and cleared, once: the workers would race
+    # sessions of their own, out of the terminal's reach: a Ctrl-C comes to them once, passed on from here
+    workers = [subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TUNE_WORKER": "1"},
+                                start_new_session=True, preexec_fn=runner.dies_with_parent())
+               for _ in range(args.workers)]  # fmt: skip
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _: [worker.send_signal(signum) for worker in workers])
+    codes = [worker.wait() for worker in workers]
+    if stopped := [code for code in codes if code in (130, 143)]:
+        sys.exit(stopped[0])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        page(args.study, study, storage, folder, sys.argv[1:])  # what the workers did, where one failed too
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(next((code for code in codes if code), 0))
 
 
 if __name__ == "__main__":

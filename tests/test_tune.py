@@ -32,7 +32,7 @@ import argparse, json, os, signal, sys, time
 parser = argparse.ArgumentParser()
 for flag, kind in [("--env-id", str), ("--seed", int), ("--total-timesteps", int), ("--torch-threads", int),
                    ("--eval-episodes", int), ("--learning-rate", float), ("--step-seconds", float)]:
-    parser.add_argument(flag, type=kind, default=0)
+    parser.add_argument(flag, type=kind, default=2000 if flag == "--total-timesteps" else 0)
 args = parser.parse_args()
 count = int(open(os.environ["FAKE_RUNS"]).read()) if os.path.exists(os.environ["FAKE_RUNS"]) else 0
 open(os.environ["FAKE_RUNS"], "w").write(str(count + 1))
@@ -100,8 +100,10 @@ def tune(tmp_path, *args, plan="", name="fake", timeout=180):
                           timeout=timeout)  # fmt: skip
 
 
-def trials(tmp_path, name="fake"):
-    storage = f"sqlite:///{tmp_path / 'results' / name}.db"
+def trials(tmp_path, name="fake", storage=None):
+    if storage and "://" not in storage:
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+    storage = storage or f"sqlite:///{tmp_path / 'results' / name}.db"
     return optuna.load_study(study_name=name, storage=storage).get_trials()
 
 
@@ -110,11 +112,18 @@ def trials(tmp_path, name="fake"):
     [
         ({"envs": {"A": [5, 5]}}, "`envs` must give each env id its [low, high] returns, low below high"),
         ({"objective": "seconds"}, "the seconds objective needs max_minutes"),
-        ({"pruner": "median", "flags": ["--step-seconds", "0"]}, "give --total-timesteps in `flags`"),
+        ({"pruner": "median", "flags": ["--step-seconds", "0"]}, "give --total-timesteps N in `flags`"),
         ({"flags": ["--seed", "3", "--total-timesteps", "100"]}, "--seed come from `envs` and `seeds`"),
-        ({"space": {"--learning-rate": {"low": 1}}}, "--learning-rate needs {low, high}"),
+        ({"space": {"--learning-rate": {"low": 1}}}, "--learning-rate: keys low (a flag takes {low, high}"),
         ({"windw": 20}, "unknown keys windw"),
         ({"script": "nothing.py"}, "`script` must name a file of leanrl_scripts/"),
+        ({"flags": ["--total-timesteps", 500]}, "`flags` must be words as on a command line"),
+        ({"seeds": []}, "`seeds` must be a list of whole numbers"),
+        ({"objective": "evl"}, "objective must be one of eval, train, seconds"),
+        ({"report_every": 0}, "`report_every` must be a number, more than 0"),
+        ({"space": {"--learning-rate": {"low": 0.1, "high": 0.01}}}, "--learning-rate: "),
+        ({"space": {"--learning-rate": {"low": 0.0, "high": 0.01, "log": True}}}, "--learning-rate: "),
+        ({"space": {"--batch-size": {"choices": []}}}, "--batch-size: "),
     ],
 )
 def test_a_study_that_cannot_run_is_refused_in_one_line(tmp_path, keys, words):
@@ -150,9 +159,9 @@ def test_a_trials_value_is_the_mean_over_envs_and_seeds_of_returns_normalised_by
 
 
 def test_the_seconds_objective_stops_a_run_at_its_score_and_counts_a_missed_one_as_the_cap(tmp_path):
-    """A: the mean of the last 20 episodes reaches 50 at the 30th (2.5 * (30 - 9.5) + 1 = 52.25), its run stopped there
-    with its summary; B: 5,000 never comes, its run counts as max_minutes though it ended sooner."""
-    flags = ["--total-timesteps", "2000", "--step-seconds", "0.05"]
+    """A: the mean of the last 20 episodes reaches 50 at the 49th of 80 (1.25 * (49 - 9.5) + 1 = 50.375), its run
+    stopped there with its summary; B: 5,000 never comes, its run counts as max_minutes though it ended sooner."""
+    flags = ["--total-timesteps", "4000", "--step-seconds", "0.05"]
     write_study(tmp_path, envs={"A": [0, 50], "B": [0, 5000]}, trials=1, objective="seconds", max_minutes=0.5,
                 flags=flags)  # fmt: skip
     proc = tune(tmp_path)
@@ -160,7 +169,7 @@ def test_the_seconds_objective_stops_a_run_at_its_score_and_counts_a_missed_one_
     (trial,) = trials(tmp_path)
     (_, _, seconds_a), (_, _, seconds_b) = trial.user_attrs["runs"]
     stopped = json.loads(next((tmp_path / "results/fake/trial-0/A__seed1/runs").glob("*/summary.json")).read_text())
-    assert stopped["stopped"] and 30 * 50 <= stopped["steps_done"] < 2000 and 30 * 0.05 < seconds_a < 20
+    assert stopped["stopped"] and 49 * 50 <= stopped["steps_done"] < 4000 and 49 * 0.05 < seconds_a < 20
     assert seconds_b == 30.0 and trial.value == pytest.approx((seconds_a + 30) / 2)
     assert optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path}/results/fake.db").direction.name == (
         "MINIMIZE"
@@ -173,8 +182,9 @@ def test_the_pruner_stops_a_worse_trials_run_which_keeps_its_summary(tmp_path, o
     SIGTERM at a report point where its value so far is worse than the first's (train: every 200 steps; seconds:
     every half second, once its lower bound, the seconds so far, passes the first's seconds to the score), its summary
     written."""
-    seconds = {"objective": "seconds", "max_minutes": 0.5, "envs": {"A": [0, 50]}, "report_every": 0.5}
-    flags = ["--total-timesteps", "2000", "--step-seconds", "0.05"]
+    seconds = {"objective": "seconds", "max_minutes": 1, "envs": {"A": [0, 50]}, "report_every": 0.5}
+    # seconds: the first run reaches its score at its 30th episode, 6 s in, long after the second has started up
+    flags = ["--total-timesteps", "2000", "--step-seconds", "0.2" if objective == "seconds" else "0.05"]
     keys = seconds if objective == "seconds" else {"report_every": 200}
     write_study(tmp_path, trials=2, pruner="median", startup_trials=1, flags=flags, **keys)
     proc = tune(tmp_path, plan="good,bad")
@@ -183,13 +193,13 @@ def test_the_pruner_stops_a_worse_trials_run_which_keeps_its_summary(tmp_path, o
     summary = json.loads(next((tmp_path / "results/fake/trial-1/A__seed1/runs").glob("*/summary.json")).read_text())
     assert summary["stopped"] and 0 < summary["steps_done"] < 1000
     points = len(trials(tmp_path)[0].intermediate_values)
-    assert "trial 1: pruned" in proc.stdout and points == (10 if objective == "train" else 60)
+    assert "trial 1: pruned" in proc.stdout and points == (10 if objective == "train" else 120)
 
 
 def test_a_failed_trial_costs_one_line_and_the_study_goes_on(tmp_path):
     """A refused flag (exit code 2) and a crash (a traceback, exit code 1) fail their trials with their last line of
     stderr, one line each in the log (the traceback stays in the run's folder); both count, the third trial runs."""
-    write_study(tmp_path, trials=3)
+    write_study(tmp_path, trials=3, flags=["--step-seconds", "0.02"])  # no pruning: no --total-timesteps needed
     proc = tune(tmp_path, plan="refuse,crash,good")
     assert proc.returncode == 0, proc.stderr
     states = [(trial.state.name, trial.user_attrs.get("error")) for trial in trials(tmp_path)]
@@ -250,16 +260,17 @@ def test_a_stopped_or_killed_worker_leaves_nothing_running_and_the_study_resumes
 
 
 def test_a_ctrl_c_stops_every_worker_of_the_command_and_their_runs_once(tmp_path):
-    """--workers 2, Ctrl-C to the command: each worker stops its run (which writes its summary) and marks its trial
-    failed; the command exits with 130 and nothing it started is left running."""
+    """--workers 2, Ctrl-C to the command: each worker hears it once (a second would stop it at once), stops its run
+    (which writes its summary) and marks its trial failed; the command exits with 130 and nothing it started is left
+    running. Each run had half the cores."""
     write_study(tmp_path, trials=4, flags=["--total-timesteps", "2000", "--step-seconds", "0.1"])
     env = {**os.environ, "FAKE_RUNS": str(tmp_path / "runs_count")}
     command = subprocess.Popen(tune_command(tmp_path, "--workers", "2"), env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     for trial in (0, 1):
         wait_for(tmp_path / f"results/fake/trial-{trial}/A__seed1/pid")
     time.sleep(0.5)
-    command.send_signal(signal.SIGINT)
+    os.killpg(command.pid, signal.SIGINT)  # as a terminal sends it: to the command's whole process group
     _, stderr = command.communicate(timeout=60)
     assert command.returncode == 130
     assert stderr.splitlines() == ["stopped by SIGINT: the running trial will run again"] * 2, stderr
@@ -268,15 +279,35 @@ def test_a_ctrl_c_stops_every_worker_of_the_command_and_their_runs_once(tmp_path
         folder = tmp_path / f"results/fake/trial-{trial}/A__seed1"
         summary = json.loads(next(folder.glob("runs/*/summary.json")).read_text())
         assert summary["stopped"] and not os.path.exists(f"/proc/{summary['pid']}")
+        assert summary["torch_threads"] == max(1, os.cpu_count() // 2)  # the cores shared out
 
 
 def test_a_study_started_with_other_settings_is_refused(tmp_path):
+    """In a journal file this time: the same command again goes on with the study, other seeds under its name are
+    refused."""
+    journal = str(tmp_path / "studies.log")
     write_study(tmp_path, trials=1)
-    assert tune(tmp_path).returncode == 0
-    proc = tune(tmp_path, "--seeds", "1,2")
+    assert tune(tmp_path, "--storage", journal).returncode == 0
+    proc = tune(tmp_path, "--storage", journal, "--seeds", "1,2")
     assert proc.returncode == 2 and "was started with other settings" in proc.stderr
-    again = tune(tmp_path, "--trials", "2")  # more trials of the same study: not a change of its settings
-    assert again.returncode == 0 and len(trials(tmp_path)) == 2
+    again = tune(tmp_path, "--storage", journal, "--trials", "2")  # more trials: not a change of its settings
+    assert again.returncode == 0 and [t.state.name for t in trials(tmp_path, storage=journal)] == ["COMPLETE"] * 2
+
+
+def test_each_kind_of_flag_is_drawn_and_written_as_the_scripts_take_it():
+    """Integers in steps, floats on a log scale, choices; a boolean as tyro's --flag or --no-flag."""
+    import tune
+
+    space = {
+        "--batch-size": {"low": 32, "high": 256, "step": 32},
+        "--learning-rate": {"low": 1e-4, "high": 1e-2, "log": True},
+        "--compile": {"choices": [True, False]},
+        "--gamma": {"choices": [0.99, 0.995]},
+    }
+    drawn = {"--batch-size": 96, "--learning-rate": 0.002, "--compile": False, "--gamma": 0.995}
+    words = tune.suggest(optuna.trial.FixedTrial(drawn), space)
+    assert words == ["--batch-size", "96", "--learning-rate", "0.002", "--no-compile", "--gamma", "0.995"]
+    assert tune.flag_words({"--compile": True}) == ["--compile"]
 
 
 @pytest.mark.slow
@@ -299,7 +330,8 @@ def test_two_workers_share_one_sqlite_study_of_dqn(tmp_path):
         assert summary["total_timesteps"] == 3000 and trial.value == pytest.approx((summary["return_mean"] - 20) / 480)
     best = max(done, key=lambda t: t.value)
     page = (tmp_path / "results" / "dqn_tiny.md").read_text()
-    assert f"- trial {best.number}: {best.value:.4g}\n  `python leanrl_scripts/dqn.py --env-id CartPole-v1" in page
+    line = f"- trial {best.number}: {best.value:.4g} (CartPole-v1 seed 1: {best.value:.4g})\n"
+    assert line + "  `python leanrl_scripts/dqn.py --env-id CartPole-v1" in page
     assert all((tmp_path / "results" / f"dqn_tiny_{kind}.png").exists() for kind in ("history", "parallel"))
 
 
@@ -320,7 +352,7 @@ def postgresql():
     subprocess.run([*as_user, *start, "start"], check=True, capture_output=True)
     try:
         subprocess.run(["createdb", "-h", "127.0.0.1", "-p", port, "-U", "tuner", "studies"], check=True)
-        yield f"postgresql+psycopg://tuner@127.0.0.1:{port}/studies"
+        yield f"postgresql+psycopg://tuner:secret@127.0.0.1:{port}/studies"  # any password: the server trusts
     finally:
         subprocess.run([*as_user, "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
@@ -328,11 +360,12 @@ def postgresql():
 
 @pytest.mark.slow
 def test_two_workers_share_one_study_on_a_postgresql_server(tmp_path, postgresql):
-    """Two workers on one database URL, as two machines would run the same command: the study's four trials, two
-    of each worker's."""
+    """Two workers on one database URL, as two machines would run the same command: the study's four trials, each
+    worker's among them; the URL's password in no output."""
     write_study(tmp_path, trials=4, flags=["--total-timesteps", "2000", "--step-seconds", "0.05"])
     proc = tune(tmp_path, "--storage", postgresql, "--workers", "2")
     assert proc.returncode == 0, proc.stderr
     done = optuna.load_study(study_name="fake", storage=postgresql).get_trials()
     assert [t.state.name for t in done] == ["COMPLETE"] * 4 and len({t.user_attrs["worker"] for t in done}) == 2
-    assert "tuner@127.0.0.1" not in proc.stdout + (tmp_path / "results" / "fake.md").read_text()
+    page = (tmp_path / "results" / "fake.md").read_text()
+    assert "secret" not in proc.stdout + proc.stderr + page and "psycopg://tuner:***@127.0.0.1" in page
