@@ -60,7 +60,7 @@ class Args(RunArgs):
 
 
 LOG_EVERY = 100  # iterations between metric reads (a host sync each)
-LOG_STD_MIN = -5.0
+LOG_STD_MIN = -20.0  # clamped, as SB3-contrib's (CleanRL's SAC squashes into [-5, 2]: a less random first policy)
 LOG_STD_MAX = 2.0
 ADAM_BETAS = (0.5, 0.999)  # the actor's and critic's, as in SB3-contrib's CrossQ; alpha's Adam keeps (0.9, 0.999)
 
@@ -170,7 +170,7 @@ class Actor(nn.Module):
         """A sampled action, its log-probability, and the deterministic (mean) action."""
         hidden = self.trunk(obs)
         mean = self.mean(hidden)
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(hidden)) + 1)
+        log_std = self.log_std(hidden).clamp(LOG_STD_MIN, LOG_STD_MAX)
         noise = torch.randn_like(mean)
         pre_tanh = mean + log_std.exp() * noise
         # log(1 - tanh(u)^2) as 2 (log 2 - u - softplus(-2u)): stable without an epsilon, and no torch.distributions
@@ -257,7 +257,8 @@ def actor_loss(obs, *, actor, qnet_view, alpha, log_alpha, target_entropy):
     loss = (alpha * log_prob - qnet_view(obs, actions).min(0).values).mean()
     metrics = {"actor_loss": loss.detach()}
     if log_alpha.requires_grad:  # autotuned: keep the policy's entropy near target_entropy
-        alpha_loss = -(log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
+        # on log alpha, as SB3-contrib's: CleanRL's alpha * (...) shrinks alpha's steps as it falls, too slowly here
+        alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
         metrics["alpha_loss"] = alpha_loss.detach()
         loss = loss + alpha_loss
     return loss, metrics

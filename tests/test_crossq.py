@@ -234,7 +234,7 @@ def test_actor_loss_reads_the_critics_in_eval_mode_per_transition_and_leaves_the
         q = eval_qnet(obs[i : i + 1], actions[i : i + 1]).min(0).values[0]
         terms.append(alpha * log_prob[i] - q)
     plain = torch.stack(terms).mean()
-    plain_alpha_loss = -(0.3 * (log_prob.detach() + -2.0)).mean()
+    plain_alpha_loss = -(math.log(0.3) * (log_prob.detach() + -2.0)).mean()  # on log alpha, as SB3-contrib's
     torch.testing.assert_close(metrics["actor_loss"], plain.detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(metrics["alpha_loss"], plain_alpha_loss, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(loss, plain + plain_alpha_loss, rtol=1e-4, atol=1e-5)
