@@ -173,13 +173,11 @@ class Actor(nn.Module):
         log_std = self.log_std(hidden).clamp(LOG_STD_MIN, LOG_STD_MAX)
         noise = torch.randn_like(mean)
         pre_tanh = mean + log_std.exp() * noise
-        # log(1 - tanh(u)^2) as 2 (log 2 - u - softplus(-2u)): stable without an epsilon, and no torch.distributions
-        # argument checks (host syncs)
+        # no torch.distributions (its argument checks sync); SB3-contrib's epsilon: a saturated action costs no entropy
         log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-        log_prob = (
-            log_prob - 2 * (math.log(2) - pre_tanh - nn.functional.softplus(-2 * pre_tanh)) - self.action_scale.log()
-        )
-        action = torch.tanh(pre_tanh) * self.action_scale + self.action_bias
+        squashed = torch.tanh(pre_tanh)
+        log_prob = log_prob - torch.log(1 - squashed.pow(2) + 1e-6) - self.action_scale.log()
+        action = squashed * self.action_scale + self.action_bias
         return action, log_prob.sum(-1), torch.tanh(mean) * self.action_scale + self.action_bias
 
 
