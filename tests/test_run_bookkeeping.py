@@ -91,7 +91,8 @@ MAX_PROSE_WORDS = {
     "rainbow_atari.py": 729,
     "fast_td3.py": 822,
     # SAC's 536 and why Batch Renormalization and the joint pass read as they do; 31 above its 727: why the variance
-    # is a sum and the heap keeps activations; 32 above its 758: why the log std and alpha's loss are SB3-contrib's
+    # is a sum and the heap keeps activations; 32 above its 758: why the log std, alpha's loss and the tanh correction
+    # are SB3-contrib's
     "crossq.py": 790,
 }
 # What a script may take from the module; the rest of it is private (a leading underscore).
