@@ -1,6 +1,6 @@
 """CrossQ's pieces against plain computations (Batch Renormalization, the critic's joint pass, the losses), against
-SB3-contrib's BatchRenorm where it is installed, and the script as a user runs it: every speed mode, checkpoints that
-hold the running statistics, its refusals."""
+SB3-contrib's BatchRenorm and policy where they are installed, and the script as a user runs it: every speed mode,
+checkpoints that hold the running statistics, its refusals."""
 
 import copy
 import importlib.util
@@ -128,6 +128,74 @@ def test_batch_renorm_equals_sb3_contribs():
         torch.testing.assert_close(ours.running_var, theirs.ra_var)
     ours.eval(), theirs.eval()
     torch.testing.assert_close(ours(batches(1)[0]), theirs(batches(1)[0]))
+
+
+def test_actor_and_critics_equal_sb3_contribs_crossq_policy():
+    """SB3-contrib's CrossQPolicy and ours, given the same weights and running statistics: the same actions where
+    the log stds pass both clamps, the same actions and log-probabilities (the same noise drawn), the same Q values of
+    a joint batch in train mode through the end of warm-up, the same running statistics after each pass, and the same
+    in eval mode."""
+    pytest.importorskip("stable_baselines3", reason="SB3-contrib's CrossQ needs stable-baselines3")
+    policies = pytest.importorskip("sb3_contrib.crossq.policies", reason="sb3-contrib is not installed")
+    module, _, qnet = networks()
+    obs_space = gym.spaces.Box(-10.0, 10.0, (OBS_DIM,))
+    unit_actions = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,))  # SB3 squashes into [-1, 1] and rescales outside the policy
+    actor = module.Actor(OBS_DIM, unit_actions, partial(module.BatchRenorm, momentum=MOMENTUM, warmup_steps=WARMUP))
+    theirs = policies.CrossQPolicy(
+        obs_space,
+        unit_actions,
+        lambda _: 1e-3,
+        net_arch={"pi": [256, 256], "qf": [16, 16]},
+        batch_norm_momentum=MOMENTUM,
+        batch_norm_eps=EPS,
+        renorm_warmup_steps=WARMUP,
+    )
+    kinds = (module.BatchRenorm, torch.nn.Linear, policies.BatchRenorm1d)
+
+    def layers(net):
+        return [m for m in net.modules() if isinstance(m, kinds)]
+
+    g = torch.Generator().manual_seed(1)
+    pairs = list(zip(layers(actor), layers(theirs.actor))) + list(zip(layers(qnet), layers(theirs.critic)))
+    assert len(pairs) == len(layers(actor)) + len(layers(qnet)) == 7 + 6 + 6
+    with torch.no_grad():
+        for ours_layer, their_layer in pairs:
+            # parameters, then (Batch Renormalization) running mean, variance and steps: the same order on both sides
+            for mine, its in zip(ours_layer.state_dict().values(), their_layer.state_dict().values(), strict=True):
+                if its.is_floating_point():
+                    its.copy_(its + 0.1 * torch.randn(its.shape, generator=g).abs())  # not the initial values
+                mine.copy_(its)
+    # log stds past both clamps: the same actions
+    wide = torch.randn(BATCH, OBS_DIM, generator=g) * 3
+    with torch.no_grad():
+        actor.log_std.weight.mul_(4), theirs.actor.log_std.weight.mul_(4)
+        low, high = actor.log_std(copy.deepcopy(actor.trunk)(wide)).aminmax()  # a copy: statistics untouched
+        assert low < -20 and high > 2
+        torch.manual_seed(0)
+        actions = actor(wide)[0]
+        torch.manual_seed(0)
+        torch.testing.assert_close(actions, theirs.actor.action_log_prob(wide)[0])
+        # then log stds near 0: SB3 recomputes the noise as (u - mean) / std, which float32 loses where std is tiny
+        actor.log_std.weight.div_(80), theirs.actor.log_std.weight.div_(80)
+    obs = torch.randn(BATCH, OBS_DIM, generator=g) * 3 + 1
+    for step in range(WARMUP + 3):  # into renormalization, where r and d are no longer 1 and 0
+        torch.manual_seed(step)
+        actions, log_prob, _ = actor(obs)
+        torch.manual_seed(step)
+        their_actions, their_log_prob = theirs.actor.action_log_prob(obs)
+        torch.testing.assert_close(actions, their_actions)
+        torch.testing.assert_close(log_prob, their_log_prob, rtol=1e-5, atol=1e-4)
+        joint_obs, joint_actions = torch.cat([obs, obs + 1]), torch.cat([actions, actions.flip(0)]).detach()
+        torch.testing.assert_close(
+            qnet(joint_obs, joint_actions), torch.cat(theirs.critic(joint_obs, joint_actions), 1).T
+        )
+        for ours_layer, their_layer in pairs:
+            if isinstance(ours_layer, module.BatchRenorm):
+                torch.testing.assert_close(ours_layer.running_mean, their_layer.ra_mean)
+                torch.testing.assert_close(ours_layer.running_var, their_layer.ra_var)
+    actor.eval(), qnet.eval(), theirs.set_training_mode(False)
+    torch.testing.assert_close(actor(obs)[2], theirs.actor(obs, deterministic=True))
+    torch.testing.assert_close(qnet(obs, actions), torch.cat(theirs.critic(obs, actions), 1).T)
 
 
 def networks(seed=0, warmup=WARMUP):
